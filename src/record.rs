@@ -1,0 +1,261 @@
+//! What a [`Store`](crate::store::Store) keeps per key: the scoped key itself, the request
+//! fingerprint, the owner's fencing token, and the outcome of a claim.
+//!
+//! Nothing in this module knows about HTTP: the HTTP layer encodes a response into the opaque
+//! `payload` bytes, a message consumer stores whatever it wants there.
+
+use std::fmt;
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+/// The key a record is stored under: the caller's scope plus the client's idempotency key.
+///
+/// The scope namespaces keys so that one caller's key can never replay another caller's
+/// response (by default the HTTP layer derives it from a hash of the `Authorization` header).
+/// Stores must treat `(scope, key)` as the identity of a record and must never confuse two
+/// keys whose concatenation happens to be equal.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct StoreKey {
+    scope: String,
+    key: String,
+}
+
+impl StoreKey {
+    /// Builds a key from a scope (may be empty: the anonymous scope) and a client key.
+    ///
+    /// ```
+    /// use tower_idempotency::StoreKey;
+    /// let key = StoreKey::new("tenant-42", "order-7");
+    /// assert_eq!(key.scope(), "tenant-42");
+    /// assert_eq!(key.key(), "order-7");
+    /// ```
+    pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Self {
+        Self {
+            scope: scope.into(),
+            key: key.into(),
+        }
+    }
+
+    /// The namespace of the key (a tenant, a principal, or a hash of credentials).
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The client-supplied idempotency key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// A SHA-256 over the length-prefixed scope and key: unambiguous, fixed size, and safe to
+    /// log or to use as a storage key where the raw key must not appear.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut hasher = Sha256::new();
+        hash_field(&mut hasher, self.scope.as_bytes());
+        hash_field(&mut hasher, self.key.as_bytes());
+        hasher.finalize().into()
+    }
+
+    /// The first 16 hex digits of [`digest`](Self::digest): what tracing events show instead
+    /// of the key, so logs never carry client keys.
+    pub fn log_id(&self) -> String {
+        hex(&self.digest()[..8])
+    }
+}
+
+impl fmt::Debug for StoreKey {
+    // Keys may be secrets chosen by clients: Debug shows the hash, never the raw key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StoreKey").field(&self.log_id()).finish()
+    }
+}
+
+/// A hash that identifies the request a key was first used with.
+///
+/// A later request under the same key with a different fingerprint is not a retry but a
+/// client bug; the HTTP layer answers it with 422.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Wraps raw digest bytes (for example read back from a database column).
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// Hashes a sequence of fields. Each field is length-prefixed, so `["ab", "c"]` and
+    /// `["a", "bc"]` give different fingerprints.
+    ///
+    /// ```
+    /// use tower_idempotency::Fingerprint;
+    /// let a = Fingerprint::of([b"POST".as_slice(), b"/payments", b"{}"]);
+    /// let b = Fingerprint::of([b"POST".as_slice(), b"/payments", b"{ }"]);
+    /// assert_ne!(a, b);
+    /// ```
+    pub fn of<'a>(fields: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let mut hasher = Sha256::new();
+        for field in fields {
+            hash_field(&mut hasher, field);
+        }
+        Self(hasher.finalize().into())
+    }
+
+    /// The raw 32 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Lower-case hex of the 32 bytes (64 characters).
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// Parses the output of [`to_hex`](Self::to_hex); `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        parse_hex::<32>(text).map(Self)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", &self.to_hex()[..16])
+    }
+}
+
+/// The fencing token of one claim.
+///
+/// Every successful [`claim`](crate::store::Store::claim) — including one that takes over an
+/// expired lease — gets a fresh random token. `complete`, `release` and `renew` act only while
+/// the stored token still equals theirs, so an owner whose lease was taken over cannot
+/// overwrite the new owner's record.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Token(u128);
+
+impl Token {
+    /// A new random token (128 bits from the thread-local CSPRNG).
+    pub fn random() -> Self {
+        Self(rand::random())
+    }
+
+    /// Rebuilds a token from its 16 big-endian bytes.
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(u128::from_be_bytes(bytes))
+    }
+
+    /// The 16 big-endian bytes of the token.
+    pub const fn to_bytes(self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+
+    /// Lower-case hex (32 characters), for stores that keep text.
+    pub fn to_hex(self) -> String {
+        hex(&self.to_bytes())
+    }
+
+    /// Parses the output of [`to_hex`](Self::to_hex); `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        parse_hex::<16>(text).map(Self::from_bytes)
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({})", &self.to_hex()[..8])
+    }
+}
+
+/// A live record as a store reports it. Expired records (a lease that ran out, a completed
+/// record past its retention) are never reported: they count as absent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// Someone holds a live claim and is running the operation.
+    InProgress {
+        /// Fingerprint of the request that made the claim.
+        fingerprint: Fingerprint,
+    },
+    /// The operation finished; its outcome is kept for replay until the record expires.
+    Completed {
+        /// Fingerprint of the request that made the claim.
+        fingerprint: Fingerprint,
+        /// The stored outcome, byte for byte as given to `complete`.
+        payload: Bytes,
+    },
+}
+
+impl Record {
+    /// The fingerprint of the request that created the record.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        match self {
+            Record::InProgress { fingerprint } | Record::Completed { fingerprint, .. } => {
+                fingerprint
+            }
+        }
+    }
+}
+
+/// What one atomic [`claim`](crate::store::Store::claim) found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The caller now owns the key (it was absent, expired, or its lease had run out) and must
+    /// run the operation, then `complete` or `release` with this token.
+    Claimed(Token),
+    /// Someone else's live record is there; the caller must not run the operation.
+    Existing(Record),
+}
+
+fn hash_field(hasher: &mut Sha256, field: &[u8]) {
+    hasher.update((field.len() as u64).to_be_bytes());
+    hasher.update(field);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(DIGITS[usize::from(byte >> 4)] as char);
+        out.push(DIGITS[usize::from(byte & 0xf)] as char);
+    }
+    out
+}
+
+fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let text = text.as_bytes();
+    if text.len() != N * 2 {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in text.chunks_exact(2).enumerate() {
+        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_and_key_are_not_concatenated() {
+        assert_ne!(
+            StoreKey::new("ab", "c").digest(),
+            StoreKey::new("a", "bc").digest()
+        );
+    }
+
+    #[test]
+    fn hex_round_trips() {
+        let token = Token::random();
+        assert_eq!(Token::from_hex(&token.to_hex()), Some(token));
+        let fp = Fingerprint::of([b"x".as_slice()]);
+        assert_eq!(Fingerprint::from_hex(&fp.to_hex()), Some(fp));
+        assert_eq!(Token::from_hex("zz"), None);
+        assert_eq!(Token::from_hex(&"g".repeat(32)), None);
+    }
+
+    #[test]
+    fn debug_never_shows_the_raw_key() {
+        let shown = format!("{:?}", StoreKey::new("scope", "secret-key"));
+        assert!(!shown.contains("secret-key"), "{shown}");
+    }
+}

@@ -1,0 +1,53 @@
+use crate::BoxError;
+
+/// Why a [`Store`](super::Store) operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The token no longer owns the record: the lease ran out and another request took the key
+    /// over, or the record was completed, released or purged. Nothing was changed. An owner
+    /// that sees this must not store its outcome; renew leases more often than they expire.
+    #[error("the claim is no longer held by this token (its lease ran out and the key was taken over, or it was completed or released); nothing was changed")]
+    StaleToken,
+
+    /// The backend failed or could not be reached. The source is the backend's own error
+    /// (for example `sqlx::Error` or `redis::RedisError`): downcast it for details.
+    #[error("the {backend} idempotency store failed; check that it is reachable and its schema is migrated")]
+    Backend {
+        /// Which backend failed (`"postgres"`, `"redis"`, ...).
+        backend: &'static str,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A stored record could not be decoded: it was written by something else or is damaged.
+    #[error("the {backend} idempotency store holds a record it cannot read: {detail}")]
+    Corrupt {
+        /// Which backend holds the record.
+        backend: &'static str,
+        /// What was wrong with it.
+        detail: String,
+    },
+
+    /// The store was configured with a value it cannot use (a table name, a lease too long
+    /// for the backend, ...).
+    #[error("invalid idempotency store configuration: {0}")]
+    Config(String),
+}
+
+impl StoreError {
+    /// Wraps a backend error, keeping it as the source.
+    pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        StoreError::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// True when the error says the store could not do its job at all (rather than a
+    /// lost fence), i.e. when a caller should answer "service unavailable".
+    pub fn is_unavailable(&self) -> bool {
+        !matches!(self, StoreError::StaleToken)
+    }
+}
