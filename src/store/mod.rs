@@ -38,6 +38,8 @@ mod error;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "sqlx")]
+mod sql;
+#[cfg(feature = "sqlx")]
 mod table_name;
 
 pub use error::StoreError;

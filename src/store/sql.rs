@@ -1,0 +1,50 @@
+//! Plumbing shared by the sqlx stores (Postgres, SQLite, MySQL): error mapping and decoding of
+//! the columns every SQL schema has. Each dialect's statements live in its own module.
+
+use std::time::Duration;
+
+use super::StoreError;
+use crate::record::{Fingerprint, Token};
+
+/// Wraps a sqlx error as a typed backend error, keeping it as the source.
+pub(crate) fn backend(backend: &'static str, error: sqlx::Error) -> StoreError {
+    StoreError::backend(backend, error)
+}
+
+/// Reads a 16-byte token column.
+pub(crate) fn decode_token(backend: &'static str, bytes: &[u8]) -> Result<Token, StoreError> {
+    <[u8; 16]>::try_from(bytes)
+        .map(Token::from_bytes)
+        .map_err(|_| {
+            corrupt(
+                backend,
+                format!("token column has {} bytes, expected 16", bytes.len()),
+            )
+        })
+}
+
+/// Reads a 32-byte fingerprint column.
+pub(crate) fn decode_fingerprint(
+    backend: &'static str,
+    bytes: &[u8],
+) -> Result<Fingerprint, StoreError> {
+    <[u8; 32]>::try_from(bytes)
+        .map(Fingerprint::from_bytes)
+        .map_err(|_| {
+            corrupt(
+                backend,
+                format!("fingerprint column has {} bytes, expected 32", bytes.len()),
+            )
+        })
+}
+
+/// A lease or retention as whole milliseconds for SQL interval arithmetic; refuses durations
+/// that do not fit (centuries), instead of wrapping around.
+pub(crate) fn millis(duration: Duration) -> Result<i64, StoreError> {
+    i64::try_from(duration.as_millis())
+        .map_err(|_| StoreError::Config(format!("duration {duration:?} is too long for the store")))
+}
+
+fn corrupt(backend: &'static str, detail: String) -> StoreError {
+    StoreError::Corrupt { backend, detail }
+}
