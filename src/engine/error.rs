@@ -1,0 +1,58 @@
+use std::time::Duration;
+
+use crate::store::StoreError;
+
+/// Why the engine would not run or replay an operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The key was first used with a different request (fingerprint). Reusing a key for a new
+    /// request is a client bug: send a new key.
+    #[error("this idempotency key was already used with a different request; use a new key for a new request")]
+    FingerprintMismatch,
+
+    /// The first request with this key is still running (and the policy is to reject, or the
+    /// wait timed out). Retry after `retry_after`.
+    #[error(
+        "a request with this idempotency key is still being processed; retry after {retry_after:?}"
+    )]
+    InProgress {
+        /// A suggested delay before retrying.
+        retry_after: Duration,
+    },
+
+    /// The store failed; nothing was run. Retry after `retry_after`.
+    #[error("the idempotency store is unavailable; nothing was run, retry after {retry_after:?}")]
+    Store {
+        /// A suggested delay before retrying.
+        retry_after: Duration,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// Why [`Engine::run_once`](super::Engine::run_once) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError<E> {
+    /// The operation was not run (duplicate still running, key reused, store down).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+
+    /// The operation ran and failed; its claim was released so a retry runs it again.
+    #[error("the operation failed; its claim was released so that a retry runs it again")]
+    Operation(#[source] E),
+
+    /// The operation succeeded but its outcome could not be recorded after several attempts.
+    /// Until the claim's lease runs out duplicates wait or are rejected; after that a
+    /// duplicate would run the operation again. `output` is the outcome that was not recorded.
+    #[error("the operation succeeded but its outcome could not be recorded; a duplicate arriving after the lease expires will run it again")]
+    NotRecorded {
+        /// What the operation returned.
+        output: bytes::Bytes,
+        /// The store's last error.
+        #[source]
+        source: crate::store::StoreError,
+    },
+}

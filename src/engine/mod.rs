@@ -1,0 +1,327 @@
+//! The claim / wait / replay / release rules, for any operation — no HTTP here.
+//!
+//! The HTTP layer is built on this; a message consumer uses it directly through
+//! [`Engine::run_once`]:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use tower_idempotency::{engine::{Engine, Execution}, store::MemoryStore, Fingerprint, StoreKey};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let engine = Engine::new(MemoryStore::new());
+//! let key = StoreKey::new("orders-queue", "message-81");
+//! let body = br#"{"order": 81}"#;
+//! let fingerprint = Fingerprint::of([body.as_slice()]);
+//!
+//! for delivery in 0..2 {
+//!     let result = engine
+//!         .run_once(key.clone(), fingerprint, || async {
+//!             // move the order to `paid`, charge the card, ...
+//!             Ok::<_, std::io::Error>(Bytes::from_static(b"paid"))
+//!         })
+//!         .await
+//!         .unwrap();
+//!     match result {
+//!         Execution::Ran(out) => assert_eq!(delivery, 0, "ran once: {out:?}"),
+//!         Execution::Replayed(out) => assert_eq!(out, "paid"),
+//!     }
+//! }
+//! # }
+//! ```
+
+mod claim;
+mod config;
+mod error;
+mod waiters;
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+pub use claim::Claim;
+pub(crate) use config::EngineConfig;
+pub use config::InProgressPolicy;
+pub use error::{EngineError, RunError};
+
+use crate::{
+    record::{ClaimOutcome, Fingerprint, Record, StoreKey},
+    store::{Store, StoreError},
+};
+
+/// Runs operations at most once per key, refereed by a [`Store`]. Clones share the store, the
+/// configuration and the in-process waiters.
+#[derive(Clone)]
+pub struct Engine {
+    store: Arc<dyn Store>,
+    config: Arc<EngineConfig>,
+    waiters: Arc<waiters::Waiters>,
+}
+
+/// What [`Engine::begin`] decided.
+#[derive(Debug)]
+pub enum Begin {
+    /// This caller owns the key: run the operation, then complete or release the claim.
+    Run(Claim),
+    /// The operation already ran under this key with the same fingerprint; here is its
+    /// stored outcome.
+    Replay(Bytes),
+}
+
+/// What [`Engine::run_once`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Execution {
+    /// This call ran the operation; its output was recorded.
+    Ran(Bytes),
+    /// An earlier or concurrent call ran it; this is that call's output.
+    Replayed(Bytes),
+}
+
+impl Execution {
+    /// The output, whoever produced it.
+    pub fn into_output(self) -> Bytes {
+        match self {
+            Execution::Ran(output) | Execution::Replayed(output) => output,
+        }
+    }
+}
+
+impl Engine {
+    /// An engine over `store` with the default timings: 30 s lease, 24 h retention, duplicates
+    /// wait up to 10 s for a running original.
+    pub fn new(store: impl Store) -> Self {
+        Self::from_shared(Arc::new(store))
+    }
+
+    /// An engine over a store that is already shared.
+    pub fn from_shared(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            config: Arc::default(),
+            waiters: Arc::default(),
+        }
+    }
+
+    /// How long a claim survives its owner's death (default 30 s). The owner renews it every
+    /// third of this while it runs, so it bounds only the wait after a crash.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        Arc::make_mut(&mut self.config).lease = lease;
+        self
+    }
+
+    /// How long a completed outcome is replayed (default 24 h). After it, the same key is a
+    /// new request and runs again.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        Arc::make_mut(&mut self.config).retention = retention;
+        self
+    }
+
+    /// What a duplicate does while the original is still running (default: wait up to 10 s).
+    pub fn in_progress(mut self, policy: InProgressPolicy) -> Self {
+        Arc::make_mut(&mut self.config).in_progress = policy;
+        self
+    }
+
+    /// The delay suggested to callers told to come back later (default 1 s).
+    pub fn retry_after(mut self, delay: Duration) -> Self {
+        Arc::make_mut(&mut self.config).retry_after = delay;
+        self
+    }
+
+    /// The store this engine uses.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Claims `key` for a request with `fingerprint` in one atomic store operation, or finds
+    /// out what happened to it: the stored outcome to replay, or an error saying why nothing
+    /// may run.
+    pub async fn begin(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin, EngineError> {
+        let claimed = self.claim(&key, &fingerprint).await?;
+        match claimed {
+            Some(begin) => Ok(begin),
+            None => match self.config.in_progress {
+                InProgressPolicy::Reject => {
+                    tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
+                    Err(self.still_running())
+                }
+                InProgressPolicy::Wait { timeout } => self.wait(key, fingerprint, timeout).await,
+            },
+        }
+    }
+
+    /// Runs `operation` unless it already ran (or is running) under `key`, and returns its
+    /// output either way. A failing operation releases the key, so a redelivery runs it again.
+    /// A panicking one releases it too (the claim's drop).
+    pub async fn run_once<F, Fut, E>(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+        operation: F,
+    ) -> Result<Execution, RunError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Bytes, E>>,
+    {
+        let claim = match self.begin(key, fingerprint).await? {
+            Begin::Replay(output) => return Ok(Execution::Replayed(output)),
+            Begin::Run(claim) => claim,
+        };
+        match claim.run(operation()).await {
+            Ok(output) => match claim.complete(output.clone()).await {
+                Ok(()) => Ok(Execution::Ran(output)),
+                Err(source) => Err(RunError::NotRecorded { output, source }),
+            },
+            Err(error) => {
+                let _ = claim.release().await;
+                Err(RunError::Operation(error))
+            }
+        }
+    }
+
+    /// One atomic claim. `Ok(None)`: a live claim with the same fingerprint is running.
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Begin>, EngineError> {
+        let outcome = self
+            .store
+            .claim(key, fingerprint, self.config.lease)
+            .await
+            .map_err(|source| self.unavailable(key, source))?;
+        match outcome {
+            ClaimOutcome::Claimed(token) => {
+                tracing::debug!(key = %key.log_id(), "claimed");
+                Ok(Some(Begin::Run(Claim::new(
+                    self.clone(),
+                    key.clone(),
+                    token,
+                ))))
+            }
+            ClaimOutcome::Existing(record) => self.existing(key, fingerprint, record),
+        }
+    }
+
+    fn existing(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        record: Record,
+    ) -> Result<Option<Begin>, EngineError> {
+        if record.fingerprint() != fingerprint {
+            tracing::debug!(key = %key.log_id(), "key reused with a different request");
+            return Err(EngineError::FingerprintMismatch);
+        }
+        match record {
+            Record::Completed { payload, .. } => {
+                tracing::debug!(key = %key.log_id(), "replaying stored outcome");
+                Ok(Some(Begin::Replay(payload)))
+            }
+            Record::InProgress { .. } => Ok(None),
+        }
+    }
+
+    /// Waits for the running original to finish, then replays it; takes the key over if the
+    /// original gave it up (released, or its lease ran out).
+    async fn wait(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Begin, EngineError> {
+        let span = tracing::debug_span!("idempotency.wait", key = %key.log_id());
+        let _entered = span.enter();
+        let deadline = Instant::now() + timeout;
+        let subscription = self.waiters.subscribe(&key);
+        let (mut pause, max_pause) = self.config.poll;
+        loop {
+            // Subscribe first, look second: a completion after the look still wakes us.
+            let woken = subscription.notify().notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+
+            let found = self
+                .store
+                .lookup(&key)
+                .await
+                .map_err(|e| self.unavailable(&key, e))?;
+            let decided = match found {
+                Some(record) => self.existing(&key, &fingerprint, record)?,
+                // Released or expired: whoever claims next runs it — maybe us.
+                None => self.claim(&key, &fingerprint).await?,
+            };
+            if let Some(begin) = decided {
+                return Ok(begin);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::debug!("gave up waiting for the original request");
+                return Err(self.still_running());
+            }
+            tokio::select! {
+                () = &mut woken => {}
+                () = tokio::time::sleep(pause.min(deadline - now)) => pause = (pause * 2).min(max_pause),
+            }
+        }
+    }
+
+    fn still_running(&self) -> EngineError {
+        EngineError::InProgress {
+            retry_after: self.config.retry_after,
+        }
+    }
+
+    fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
+        tracing::warn!(key = %key.log_id(), error = %source, "idempotency store unavailable");
+        EngineError::Store {
+            retry_after: self.config.retry_after,
+            source,
+        }
+    }
+
+    /// Runs a fenced store write, retrying backend failures with backoff. A stale token is
+    /// final: retrying cannot make it ours again.
+    async fn with_retries<F, Fut>(
+        &self,
+        what: &'static str,
+        key: &StoreKey,
+        mut write: F,
+    ) -> Result<(), StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), StoreError>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match write().await {
+                Ok(()) => return Ok(()),
+                Err(StoreError::StaleToken) => {
+                    tracing::error!(key = %key.log_id(), what, "fenced write refused: the lease ran out and the key was taken over");
+                    return Err(StoreError::StaleToken);
+                }
+                Err(error) if attempt + 1 < self.config.complete_attempts => {
+                    tracing::warn!(key = %key.log_id(), what, error = %error, attempt, "store write failed; retrying");
+                    tokio::time::sleep(claim::backoff(attempt)).await;
+                    attempt += 1;
+                }
+                Err(error) => {
+                    tracing::error!(key = %key.log_id(), what, error = %error, "store write failed; giving up");
+                    return Err(error);
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
