@@ -3,10 +3,15 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod http;
 pub mod problem;
 pub mod record;
 pub mod store;
 
+pub use crate::http::{
+    is_final_by_default, DoNotStore, IdempotencyLayer, IdempotencyService, Rejection,
+};
+pub use engine::{Engine, InProgressPolicy};
 pub use record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 
 /// The boxed error type used for sources and inner-service errors.

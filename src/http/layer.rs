@@ -1,0 +1,255 @@
+//! [`IdempotencyLayer`]: the configuration, cheap to clone (everything behind `Arc`s).
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{request::Parts, HeaderName, Method, Response, StatusCode};
+use tower_layer::Layer;
+
+use super::{policy, rejection::Rejection, scope, service::IdempotencyService};
+use crate::{
+    engine::{Engine, InProgressPolicy},
+    store::Store,
+};
+
+/// The header the key is read from by default.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The header added to replayed responses when [`IdempotencyLayer::mark_replayed`] is on.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Makes retries of a service safe: the first request with an `Idempotency-Key` runs, every
+/// duplicate — later or concurrent — gets the first one's response.
+///
+/// The key is claimed in one atomic store operation before the inner service runs, so
+/// duplicates that arrive together cannot both run. See the [crate docs](crate) for the full
+/// behaviour and the status table.
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+///
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "charged" }))
+///     .layer(IdempotencyLayer::new(MemoryStore::new()).require_key());
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    pub(crate) engine: Engine,
+    pub(crate) config: Arc<Config>,
+}
+
+pub(crate) type RejectionFn = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) enabled: bool,
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key_required: bool,
+    pub(crate) scope: scope::ScopeFn,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) is_final: policy::StatusPolicy,
+    pub(crate) replay_set_cookie: bool,
+    pub(crate) mark_replayed: bool,
+    pub(crate) detach: bool,
+    pub(crate) rejection: RejectionFn,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            header: IDEMPOTENCY_KEY,
+            methods: vec![Method::POST, Method::PATCH],
+            key_required: false,
+            scope: Arc::new(scope::by_authorization),
+            fingerprint_headers: Vec::new(),
+            max_request_body: 1024 * 1024,
+            max_response_body: 1024 * 1024,
+            is_final: Arc::new(policy::is_final_by_default),
+            replay_set_cookie: false,
+            mark_replayed: false,
+            detach: true,
+            rejection: Arc::new(Rejection::into_response),
+        }
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store` with the defaults: POST and PATCH, key optional, scoped by the
+    /// `Authorization` header, 30 s lease, 24 h retention, duplicates of a running request
+    /// wait up to 10 s, 1 MiB request and response limits.
+    pub fn new(store: impl Store) -> Self {
+        Self::from_engine(Engine::new(store))
+    }
+
+    /// A layer over an [`Engine`] you configured (or share with a message consumer).
+    pub fn from_engine(engine: Engine) -> Self {
+        Self {
+            engine,
+            config: Arc::default(),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        change(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    fn with_engine(mut self, change: impl FnOnce(Engine) -> Engine) -> Self {
+        self.engine = change(self.engine);
+        self
+    }
+
+    /// `false` turns the layer into a pass-through (a kill switch for tests and incidents).
+    pub fn enabled(self, enabled: bool) -> Self {
+        self.with(|c| c.enabled = enabled)
+    }
+
+    /// Reads the key from `header` instead of `Idempotency-Key`.
+    pub fn header_name(self, header: HeaderName) -> Self {
+        self.with(|c| c.header = header)
+    }
+
+    /// The methods the layer applies to (default POST and PATCH). Others pass through
+    /// untouched; GET, HEAD and OPTIONS are safe and should stay out of this list.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.with(|c| c.methods = methods)
+    }
+
+    /// Requests without a key are refused with 400 (default: they pass through and run
+    /// without protection — they are never grouped under some shared key).
+    pub fn require_key(self) -> Self {
+        self.with(|c| c.key_required = true)
+    }
+
+    /// Scopes keys by what `scope` returns for the request head (a tenant, an authenticated
+    /// user id from an extension, ...), instead of a hash of the `Authorization` header.
+    ///
+    /// ```
+    /// use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).scope_with(|parts| {
+    ///     parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    /// });
+    /// ```
+    pub fn scope_with<F>(self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> String + Send + Sync + 'static,
+    {
+        self.with(|c| c.scope = Arc::new(scope))
+    }
+
+    /// Also fingerprints header `name` (method, path, query and body always count).
+    pub fn fingerprint_header(self, name: HeaderName) -> Self {
+        self.with(|c| c.fingerprint_headers.push(name))
+    }
+
+    /// The largest request body accepted on protected requests (default 1 MiB); larger ones
+    /// get 413 and do not run. The body must be read whole to fingerprint it.
+    pub fn max_request_body(self, bytes: usize) -> Self {
+        self.with(|c| c.max_request_body = bytes)
+    }
+
+    /// The largest response body stored for replay (default 1 MiB). A larger response is still
+    /// sent in full to the first caller and is never run again for its key: duplicates get
+    /// [`Rejection::ResponseNotStored`] (409) until the retention ends.
+    pub fn max_response_body(self, bytes: usize) -> Self {
+        self.with(|c| c.max_response_body = bytes)
+    }
+
+    /// Which statuses are final: stored and replayed. The others release the key so a retry
+    /// runs again. Default: [`is_final_by_default`](super::is_final_by_default).
+    pub fn store_status<F>(self, is_final: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.with(|c| c.is_final = Arc::new(is_final))
+    }
+
+    /// Replays `Set-Cookie` headers too (default: dropped from stored responses, since a
+    /// session cookie meant for one response should not be handed out again).
+    pub fn replay_set_cookie(self, replay: bool) -> Self {
+        self.with(|c| c.replay_set_cookie = replay)
+    }
+
+    /// Adds `Idempotent-Replayed: true` to replayed responses (default off: a duplicate
+    /// cannot tell it lost the race).
+    pub fn mark_replayed(self, mark: bool) -> Self {
+        self.with(|c| c.mark_replayed = mark)
+    }
+
+    /// Runs the inner service in its own task (default on), so a client that disconnects
+    /// cannot cut the handler in half: it finishes and its response is stored. Off: a
+    /// disconnect drops the handler and releases the key.
+    pub fn detach(self, detach: bool) -> Self {
+        self.with(|c| c.detach = detach)
+    }
+
+    /// Renders rejections your way instead of problem+json.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_idempotency::{store::MemoryStore, IdempotencyLayer, Rejection};
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).on_rejection(|rejection: Rejection| {
+    ///     let mut response = http::Response::new(Bytes::from(rejection.problem().type_uri()));
+    ///     *response.status_mut() = rejection.status();
+    ///     response
+    /// });
+    /// ```
+    pub fn on_rejection<F>(self, render: F) -> Self
+    where
+        F: Fn(Rejection) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        self.with(|c| c.rejection = Arc::new(render))
+    }
+
+    /// See [`Engine::lease`].
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with_engine(|e| e.lease(lease))
+    }
+
+    /// See [`Engine::retention`].
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with_engine(|e| e.retention(retention))
+    }
+
+    /// See [`Engine::in_progress`]: wait for the running original (default, up to 10 s) or
+    /// answer 409 + `Retry-After` at once.
+    pub fn in_progress(self, policy: InProgressPolicy) -> Self {
+        self.with_engine(|e| e.in_progress(policy))
+    }
+
+    /// See [`Engine::retry_after`].
+    pub fn retry_after(self, delay: Duration) -> Self {
+        self.with_engine(|e| e.retry_after(delay))
+    }
+
+    /// The engine, e.g. to share it with a message consumer.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.clone())
+    }
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("engine", &self.engine)
+            .field("enabled", &self.config.enabled)
+            .field("header", &self.config.header)
+            .field("methods", &self.config.methods)
+            .field("key_required", &self.config.key_required)
+            .finish_non_exhaustive()
+    }
+}

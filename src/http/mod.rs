@@ -1,0 +1,19 @@
+//! The HTTP face: a tower layer over any `Service<http::Request<B>>`. Nothing below this
+//! module knows about HTTP.
+
+mod body;
+mod fingerprint;
+mod key;
+mod layer;
+mod policy;
+mod rejection;
+mod replay;
+mod scope;
+mod service;
+
+pub use body::ResponseBody;
+pub use key::{InvalidKey, MAX_KEY_LEN};
+pub use layer::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use policy::{is_final_by_default, DoNotStore};
+pub use rejection::Rejection;
+pub use service::{IdempotencyService, ResponseFuture};

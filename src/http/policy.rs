@@ -1,0 +1,58 @@
+//! Which outcomes are final (stored and replayed) and which release the key for a retry.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+
+/// Decides whether a response with this status is stored for replay.
+pub(crate) type StatusPolicy = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
+
+/// Put this in a response's extensions to keep the response from being stored: the claim is
+/// released and a retry with the same key runs the handler again. Use it for outcomes that
+/// did nothing, such as a validation error the client will fix and resend.
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use tower_idempotency::DoNotStore;
+///
+/// let mut response = Response::new("amount must be positive");
+/// *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+/// response.extensions_mut().insert(DoNotStore);
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DoNotStore;
+
+/// The default: every status is final except server errors (5xx) and the statuses that mean
+/// "not processed, try again": 408 Request Timeout, 409 Conflict, 425 Too Early and
+/// 429 Too Many Requests.
+pub fn is_final_by_default(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || matches!(
+            status,
+            StatusCode::REQUEST_TIMEOUT
+                | StatusCode::CONFLICT
+                | StatusCode::TOO_EARLY
+                | StatusCode::TOO_MANY_REQUESTS
+        ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_statuses_are_not_final() {
+        for code in [500, 502, 503, 504, 408, 409, 425, 429] {
+            assert!(
+                !is_final_by_default(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
+        }
+        for code in [200, 201, 204, 302, 400, 404, 410, 422] {
+            assert!(
+                is_final_by_default(StatusCode::from_u16(code).unwrap()),
+                "{code}"
+            );
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The answers the layer gives instead of running (or replaying) the inner service.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+
+use super::key::InvalidKey;
+use crate::problem::Problem;
+
+/// Why the layer answered by itself. Rendered as RFC 9457 problem details by
+/// [`Rejection::into_response`]; replace the rendering with
+/// [`IdempotencyLayer::on_rejection`](super::IdempotencyLayer::on_rejection).
+///
+/// | rejection | status | `type` |
+/// |---|---|---|
+/// | [`MissingKey`](Self::MissingKey) | 400 | `urn:tower-idempotency:missing-key` |
+/// | [`InvalidKey`](Self::InvalidKey) | 400 | `urn:tower-idempotency:invalid-key` |
+/// | [`BodyUnreadable`](Self::BodyUnreadable) | 400 | `urn:tower-idempotency:body-unreadable` |
+/// | [`BodyTooLarge`](Self::BodyTooLarge) | 413 | `urn:tower-idempotency:body-too-large` |
+/// | [`KeyReused`](Self::KeyReused) | 422 | `urn:tower-idempotency:key-reused` |
+/// | [`InProgress`](Self::InProgress) | 409 + `Retry-After` | `urn:tower-idempotency:in-progress` |
+/// | [`ResponseNotStored`](Self::ResponseNotStored) | 409 | `urn:tower-idempotency:response-not-stored` |
+/// | [`StoreUnavailable`](Self::StoreUnavailable) | 503 + `Retry-After` | `urn:tower-idempotency:store-unavailable` |
+/// | [`HandlerPanicked`](Self::HandlerPanicked) | 500 | `urn:tower-idempotency:handler-panicked` |
+/// | [`ResponseBodyFailed`](Self::ResponseBodyFailed) | 500 | `urn:tower-idempotency:response-body-failed` |
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// The route requires an idempotency key and the request has none.
+    MissingKey,
+    /// The key header is malformed.
+    InvalidKey(InvalidKey),
+    /// The request body could not be read (the client went away mid-upload, ...).
+    BodyUnreadable,
+    /// The request body is over the fingerprint limit; nothing was run.
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The key was first used with a different request.
+    KeyReused,
+    /// The first request with this key is still running.
+    InProgress {
+        /// Suggested delay before retrying.
+        retry_after: Duration,
+    },
+    /// The first request with this key completed with `status`, but its response was over the
+    /// storage limit, so it cannot be replayed. The operation is NOT run again.
+    ResponseNotStored {
+        /// The original response's status.
+        status: StatusCode,
+    },
+    /// The idempotency store is unreachable; nothing was run.
+    StoreUnavailable {
+        /// Suggested delay before retrying.
+        retry_after: Duration,
+    },
+    /// The inner service panicked; its claim was released, so a retry runs it again.
+    HandlerPanicked,
+    /// The inner service's response body failed while being read; its claim was released.
+    ResponseBodyFailed,
+}
+
+impl Rejection {
+    /// The HTTP status of the default rendering.
+    pub fn status(&self) -> StatusCode {
+        self.problem().status()
+    }
+
+    /// The suggested `Retry-After` delay, for rejections a retry can cure.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Rejection::InProgress { retry_after } | Rejection::StoreUnavailable { retry_after } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// The problem details of the default rendering.
+    pub fn problem(&self) -> Problem {
+        use StatusCode as S;
+        let (status, type_uri, title, detail) = match self {
+            Rejection::MissingKey => (
+                S::BAD_REQUEST,
+                "urn:tower-idempotency:missing-key",
+                "Idempotency key required",
+                "this endpoint requires an Idempotency-Key header; send a unique value (e.g. a UUID) per operation and reuse it when retrying".to_owned(),
+            ),
+            Rejection::InvalidKey(why) => (S::BAD_REQUEST, "urn:tower-idempotency:invalid-key", "Invalid idempotency key", why.to_string()),
+            Rejection::BodyUnreadable => (
+                S::BAD_REQUEST,
+                "urn:tower-idempotency:body-unreadable",
+                "Request body could not be read",
+                "the request body ended early or could not be read; nothing was run, send the request again".to_owned(),
+            ),
+            Rejection::BodyTooLarge { limit } => (
+                S::PAYLOAD_TOO_LARGE,
+                "urn:tower-idempotency:body-too-large",
+                "Request body too large",
+                format!("the request body is over {limit} bytes; nothing was run"),
+            ),
+            Rejection::KeyReused => (
+                S::UNPROCESSABLE_ENTITY,
+                "urn:tower-idempotency:key-reused",
+                "Idempotency key reused",
+                "this idempotency key was already used with a different request (method, path, query or body); use a new key for a new request".to_owned(),
+            ),
+            Rejection::InProgress { retry_after } => (
+                S::CONFLICT,
+                "urn:tower-idempotency:in-progress",
+                "Request in progress",
+                format!("a request with this idempotency key is still being processed; retry in {} s to get its result", retry_after_secs(*retry_after)),
+            ),
+            Rejection::ResponseNotStored { status } => (
+                S::CONFLICT,
+                "urn:tower-idempotency:response-not-stored",
+                "Original response not stored",
+                format!("the request with this idempotency key already completed with status {}, but its response was too large to keep for replay; it was not run again — fetch the resource instead", status.as_u16()),
+            ),
+            Rejection::StoreUnavailable { retry_after } => (
+                S::SERVICE_UNAVAILABLE,
+                "urn:tower-idempotency:store-unavailable",
+                "Idempotency store unavailable",
+                format!("the request was not run because its idempotency key could not be recorded; retry in {} s", retry_after_secs(*retry_after)),
+            ),
+            Rejection::HandlerPanicked => (
+                S::INTERNAL_SERVER_ERROR,
+                "urn:tower-idempotency:handler-panicked",
+                "Internal error",
+                "the request failed; it was not recorded, so retrying with the same key runs it again".to_owned(),
+            ),
+            Rejection::ResponseBodyFailed => (
+                S::INTERNAL_SERVER_ERROR,
+                "urn:tower-idempotency:response-body-failed",
+                "Internal error",
+                "the response could not be produced; it was not recorded, so retrying with the same key runs it again".to_owned(),
+            ),
+        };
+        Problem::new(status, type_uri, title).detail(detail)
+    }
+
+    /// The default rendering: problem+json, plus `Retry-After` where a retry can cure it.
+    pub fn into_response(self) -> Response<Bytes> {
+        let retry_after = self.retry_after();
+        let mut response = self.problem().into_response();
+        if let Some(delay) = retry_after {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(delay)),
+            );
+        }
+        response
+    }
+}
+
+/// `Retry-After` takes whole seconds; round up so a client never comes back too early.
+fn retry_after_secs(delay: Duration) -> u64 {
+    delay.as_secs() + u64::from(delay.subsec_nanos() > 0)
+}
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for Rejection {
+    fn into_response(self) -> axum_core::response::Response {
+        Rejection::into_response(self).map(axum_core::body::Body::from)
+    }
+}

@@ -1,0 +1,212 @@
+//! How a response is stored for replay: status, header pairs in order, body bytes.
+//!
+//! Headers are kept as a list of (name, value) pairs, never a map, so repeated headers
+//! (several `Set-Cookie`, several `Link`) and values containing commas survive replay intact.
+//!
+//! Layout (all integers big-endian): `TIR` + version byte `1`, kind byte, status `u16`,
+//! header count `u32`, then per header: name length `u16`, name, value length `u32`, value;
+//! the rest is the body.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+const MAGIC: &[u8; 4] = b"TIR\x01";
+const KIND_RESPONSE: u8 = 0;
+const KIND_NOT_STORED: u8 = 1;
+
+/// A response as it is replayed to duplicates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoredResponse {
+    /// The full response.
+    Response {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    },
+    /// The original completed with `status`, but its body was over the storage limit.
+    NotStored { status: StatusCode },
+}
+
+/// Headers that describe one connection or one moment, not the resource: never replayed.
+fn is_per_message(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::DATE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
+/// Encodes a response for storage, dropping hop-by-hop headers and `Date`, and `Set-Cookie`
+/// unless `keep_set_cookie`.
+pub(crate) fn encode(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    keep_set_cookie: bool,
+) -> Bytes {
+    let kept: Vec<_> = headers
+        .iter()
+        .filter(|(name, _)| !is_per_message(name))
+        .filter(|(name, _)| keep_set_cookie || *name != header::SET_COOKIE)
+        .collect();
+    let size = 11
+        + kept
+            .iter()
+            .map(|(n, v)| 6 + n.as_str().len() + v.len())
+            .sum::<usize>()
+        + body.len();
+    let mut out = BytesMut::with_capacity(size);
+    out.put_slice(MAGIC);
+    out.put_u8(KIND_RESPONSE);
+    out.put_u16(status.as_u16());
+    out.put_u32(kept.len() as u32);
+    for (name, value) in kept {
+        // Header names are at most 64 KiB by the http crate's limits; values are bounded by
+        // what a server accepts; both fit the length fields.
+        out.put_u16(name.as_str().len() as u16);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value.len() as u32);
+        out.put_slice(value.as_bytes());
+    }
+    out.put_slice(body);
+    out.freeze()
+}
+
+/// Encodes the marker for a completed response whose body was too large to store.
+pub(crate) fn encode_not_stored(status: StatusCode) -> Bytes {
+    let mut out = BytesMut::with_capacity(7);
+    out.put_slice(MAGIC);
+    out.put_u8(KIND_NOT_STORED);
+    out.put_u16(status.as_u16());
+    out.freeze()
+}
+
+/// Decodes what [`encode`] or [`encode_not_stored`] wrote; `Err` describes the damage.
+pub(crate) fn decode(mut payload: Bytes) -> Result<StoredResponse, String> {
+    if payload.len() < 7 || &payload[..4] != MAGIC {
+        return Err("not a stored HTTP response (unknown format or version)".into());
+    }
+    payload.advance(4);
+    let kind = payload.get_u8();
+    let status = StatusCode::from_u16(payload.get_u16()).map_err(|e| e.to_string())?;
+    match kind {
+        KIND_NOT_STORED => return Ok(StoredResponse::NotStored { status }),
+        KIND_RESPONSE => {}
+        other => return Err(format!("unknown record kind {other}")),
+    }
+    let count = take_u32(&mut payload)?;
+    let mut headers = HeaderMap::with_capacity(count.min(128) as usize);
+    for _ in 0..count {
+        let name_len = usize::from(take_u16(&mut payload)?);
+        let name = take(&mut payload, name_len)?;
+        let value_len = take_u32(&mut payload)? as usize;
+        let value = take(&mut payload, value_len)?;
+        let name = HeaderName::from_bytes(&name).map_err(|e| e.to_string())?;
+        let value = HeaderValue::from_maybe_shared(value).map_err(|e| e.to_string())?;
+        headers.append(name, value);
+    }
+    Ok(StoredResponse::Response {
+        status,
+        headers,
+        body: payload,
+    })
+}
+
+fn take(payload: &mut Bytes, len: usize) -> Result<Bytes, String> {
+    if payload.len() < len {
+        return Err("stored response is truncated".into());
+    }
+    Ok(payload.split_to(len))
+}
+
+fn take_u16(payload: &mut Bytes) -> Result<u16, String> {
+    take(payload, 2).map(|mut b| b.get_u16())
+}
+
+fn take_u32(payload: &mut Bytes) -> Result<u32, String> {
+    take(payload, 4).map(|mut b| b.get_u32())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_and_comma_headers_round_trip_in_order() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::SET_COOKIE, HeaderValue::from_static("a=1"));
+        headers.append(
+            header::SET_COOKIE,
+            HeaderValue::from_static("b=2; Expires=Wed, 21 Oct 2026 07:28:00 GMT"),
+        );
+        headers.append(
+            header::LINK,
+            HeaderValue::from_static("</a>; rel=next, </b>; rel=prev"),
+        );
+        headers.append(header::CONNECTION, HeaderValue::from_static("close"));
+        headers.append(
+            header::DATE,
+            HeaderValue::from_static("Wed, 21 Oct 2026 07:28:00 GMT"),
+        );
+        let body = Bytes::from_static(b"\0\xffbody");
+        let stored = decode(encode(StatusCode::CREATED, &headers, &body, true)).unwrap();
+        let StoredResponse::Response {
+            status,
+            headers: got,
+            body: got_body,
+        } = stored
+        else {
+            panic!()
+        };
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(got_body, body);
+        let cookies: Vec<_> = got.get_all(header::SET_COOKIE).iter().collect();
+        assert_eq!(
+            cookies,
+            ["a=1", "b=2; Expires=Wed, 21 Oct 2026 07:28:00 GMT"]
+        );
+        assert_eq!(got[header::LINK], "</a>; rel=next, </b>; rel=prev");
+        assert!(got.get(header::CONNECTION).is_none() && got.get(header::DATE).is_none());
+    }
+
+    #[test]
+    fn set_cookie_is_dropped_unless_kept() {
+        let mut headers = HeaderMap::new();
+        headers.append(
+            header::SET_COOKIE,
+            HeaderValue::from_static("session=secret"),
+        );
+        let StoredResponse::Response { headers, .. } =
+            decode(encode(StatusCode::OK, &headers, b"", false)).unwrap()
+        else {
+            panic!()
+        };
+        assert!(headers.is_empty());
+    }
+
+    #[test]
+    fn damaged_payloads_are_errors_not_panics() {
+        let good = encode(
+            StatusCode::OK,
+            &HeaderMap::from_iter([(header::ETAG, HeaderValue::from_static("\"1\""))]),
+            b"x",
+            false,
+        );
+        for cut in 0..good.len() - 1 {
+            // Every prefix either decodes (the body is simply shorter) or reports damage.
+            let _ = decode(good.slice(..cut));
+        }
+        assert!(decode(Bytes::from_static(b"garbage")).is_err());
+        assert_eq!(
+            decode(encode_not_stored(StatusCode::CREATED)),
+            Ok(StoredResponse::NotStored {
+                status: StatusCode::CREATED
+            })
+        );
+    }
+}

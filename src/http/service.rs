@@ -1,0 +1,342 @@
+//! [`IdempotencyService`]: reads the key, fingerprints the request, asks the engine, and runs,
+//! replays or rejects.
+
+use std::{
+    future::Future,
+    panic::AssertUnwindSafe,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{header, HeaderValue, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::{
+    body::{self, collect_up_to, Collected, Prefixed, ResponseBody},
+    fingerprint::fingerprint,
+    key::parse_key,
+    layer::{Config, IdempotencyLayer, IDEMPOTENT_REPLAYED},
+    policy::DoNotStore,
+    rejection::Rejection,
+    replay::{self, StoredResponse},
+};
+use crate::{
+    engine::{Begin, Claim, EngineError},
+    record::StoreKey,
+    BoxError,
+};
+
+/// The service [`IdempotencyLayer`] wraps around an inner service.
+#[derive(Clone, Debug)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    layer: IdempotencyLayer,
+}
+
+impl<S> IdempotencyService<S> {
+    pub(crate) fn new(inner: S, layer: IdempotencyLayer) -> Self {
+        Self { inner, layer }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+pin_project_lite::pin_project! {
+    /// The response future of [`IdempotencyService`].
+    pub struct ResponseFuture<F, E> {
+        #[pin]
+        state: State<F, E>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = Projected]
+    enum State<F, E> {
+        // Not protected (method not covered, no key, layer disabled): the inner future.
+        Passthrough { #[pin] future: F },
+        // Protected: claim, run or replay.
+        Protected { future: BoxFuture<Result<Response<ResponseBody>, E>> },
+        // Rejected before anything ran.
+        Rejected { response: Option<Response<ResponseBody>> },
+    }
+}
+
+impl<F, E> ResponseFuture<F, E> {
+    fn passthrough(future: F) -> Self {
+        Self {
+            state: State::Passthrough { future },
+        }
+    }
+
+    fn protected(future: BoxFuture<Result<Response<ResponseBody>, E>>) -> Self {
+        Self {
+            state: State::Protected { future },
+        }
+    }
+
+    fn rejected(config: &Config, rejection: Rejection) -> Self {
+        Self {
+            state: State::Rejected {
+                response: Some(render(config, rejection)),
+            },
+        }
+    }
+}
+
+impl<F, E, B> Future for ResponseFuture<F, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<Response<ResponseBody>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            Projected::Passthrough { future } => future.poll(cx).map_ok(|r| r.map(body::boxed)),
+            Projected::Protected { future } => future.as_mut().poll(cx),
+            Projected::Rejected { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("ResponseFuture polled after completion"))),
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let config = &self.layer.config;
+        if !config.enabled || !config.methods.contains(request.method()) {
+            return ResponseFuture::passthrough(self.inner.call(request));
+        }
+        let key = match parse_key(request.headers(), &config.header) {
+            Ok(Some(key)) => key,
+            // Without a key there is nothing to deduplicate on: run unprotected rather than
+            // under some shared key.
+            Ok(None) if !config.key_required => {
+                return ResponseFuture::passthrough(self.inner.call(request))
+            }
+            Ok(None) => return ResponseFuture::rejected(config, Rejection::MissingKey),
+            Err(invalid) => {
+                return ResponseFuture::rejected(config, Rejection::InvalidKey(invalid))
+            }
+        };
+        // Take the service that was driven to readiness; leave a fresh clone in its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::protected(Box::pin(protect(inner, self.layer.clone(), key, request)))
+    }
+}
+
+fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
+    (config.rejection)(rejection).map(body::full)
+}
+
+async fn protect<S, ReqBody, ResBody>(
+    inner: S,
+    layer: IdempotencyLayer,
+    key: String,
+    request: Request<ReqBody>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let config = &layer.config;
+    let (parts, body) = request.into_parts();
+    let key = StoreKey::new((config.scope)(&parts), key);
+    let span = tracing::info_span!("idempotency", key = %key.log_id(), method = %parts.method);
+    async {
+        let body = match read_body(&parts.headers, body, config.max_request_body).await {
+            Ok(body) => body,
+            Err(rejection) => return Ok(render(config, rejection)),
+        };
+        let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
+        let claim = match layer.engine.begin(key, fingerprint).await {
+            Ok(Begin::Run(claim)) => claim,
+            Ok(Begin::Replay(payload)) => return Ok(replay(config, payload)),
+            Err(error) => return Ok(render(config, rejection_for(error))),
+        };
+        let run = execute(
+            inner,
+            claim,
+            Request::from_parts(parts, ReqBody::from(body)),
+            layer.config.clone(),
+        );
+        if config.detach {
+            // In its own task, the handler outlives a client that hangs up.
+            let run = run.in_current_span();
+            match tokio::spawn(run).await {
+                Ok(result) => result,
+                Err(_) => Ok(render(config, Rejection::HandlerPanicked)),
+            }
+        } else {
+            run.await
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Reads the request body for the fingerprint, refusing bodies over `limit` before they are
+/// read whole when `Content-Length` already says so.
+async fn read_body<B>(headers: &http::HeaderMap, body: B, limit: usize) -> Result<Bytes, Rejection>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(Rejection::BodyTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Rejection::BodyTooLarge { limit }),
+        Err(error) => {
+            tracing::debug!(error = %error, "request body unreadable; nothing was claimed");
+            Err(Rejection::BodyUnreadable)
+        }
+    }
+}
+
+fn rejection_for(error: EngineError) -> Rejection {
+    match error {
+        EngineError::FingerprintMismatch => Rejection::KeyReused,
+        EngineError::InProgress { retry_after } => Rejection::InProgress { retry_after },
+        EngineError::Store { retry_after, .. } => Rejection::StoreUnavailable { retry_after },
+    }
+}
+
+fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
+    match replay::decode(payload) {
+        Ok(StoredResponse::Response {
+            status,
+            headers,
+            body,
+        }) => {
+            let mut response = Response::new(body::full(body));
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            if config.mark_replayed {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            }
+            response
+        }
+        Ok(StoredResponse::NotStored { status }) => {
+            render(config, Rejection::ResponseNotStored { status })
+        }
+        Err(detail) => {
+            tracing::error!(detail, "stored response cannot be decoded");
+            render(
+                config,
+                Rejection::StoreUnavailable {
+                    retry_after: std::time::Duration::from_secs(1),
+                },
+            )
+        }
+    }
+}
+
+/// Runs the inner service as the key's owner and records the outcome.
+async fn execute<S, ReqBody, ResBody>(
+    mut inner: S,
+    claim: Claim,
+    request: Request<ReqBody>,
+    config: std::sync::Arc<Config>,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let response = match claim
+        .run(AssertUnwindSafe(inner.call(request)).catch_unwind())
+        .await
+    {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            let _ = claim.release().await;
+            return Err(error);
+        }
+        Err(_panic) => {
+            tracing::error!("inner service panicked; releasing the key");
+            let _ = claim.release().await;
+            return Ok(render(&config, Rejection::HandlerPanicked));
+        }
+    };
+    if response.extensions().get::<DoNotStore>().is_some() || !(config.is_final)(response.status())
+    {
+        tracing::debug!(status = %response.status(), "outcome not final; releasing the key");
+        let _ = claim.release().await;
+        return Ok(response.map(body::boxed));
+    }
+    let (parts, response_body) = response.into_parts();
+    // Streaming bodies are read under the claim too, so the lease is renewed meanwhile.
+    match claim
+        .run(collect_up_to(
+            Box::pin(response_body),
+            config.max_response_body,
+        ))
+        .await
+    {
+        Collected::Complete(bytes) => {
+            let payload = replay::encode(
+                parts.status,
+                &parts.headers,
+                &bytes,
+                config.replay_set_cookie,
+            );
+            // A failed write is retried and logged by the engine; the caller still gets the
+            // real response.
+            let _ = claim.complete(payload).await;
+            Ok(Response::from_parts(parts, body::full(bytes)))
+        }
+        Collected::TooLarge { read, rest } => {
+            tracing::warn!(status = %parts.status, limit = config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
+            let _ = claim
+                .complete(replay::encode_not_stored(parts.status))
+                .await;
+            Ok(Response::from_parts(
+                parts,
+                body::boxed(Prefixed::new(read, rest)),
+            ))
+        }
+        Collected::Failed(error) => {
+            tracing::error!(error = %error, "response body failed; releasing the key");
+            let _ = claim.release().await;
+            Ok(render(&config, Rejection::ResponseBodyFailed))
+        }
+    }
+}
