@@ -41,7 +41,9 @@ impl Waiters {
 
     /// Wakes every current waiter on `key` (called after the owner completed or released).
     pub(crate) fn wake(&self, key: &StoreKey) {
-        let notify = self.lock().remove(key);
+        // The entry stays: its subscribers keep waiting on the same `Notify` for the next
+        // wake (a released key is taken over by one of them, the rest wait again).
+        let notify = self.lock().get(key).cloned();
         if let Some(notify) = notify {
             notify.notify_waiters();
         }

@@ -1,0 +1,145 @@
+//! What a duplicate of a finished request gets back.
+
+mod common;
+
+use axum::{
+    body::Body,
+    http::{header, Request, StatusCode},
+};
+use common::{app, post_req, send, Runs};
+use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+
+#[tokio::test]
+async fn duplicate_gets_the_identical_response_and_nothing_runs_again() {
+    let runs = Runs::default();
+    let app = app(
+        IdempotencyLayer::new(MemoryStore::new()).replay_set_cookie(true),
+        runs.clone(),
+    );
+    let first = send(&app, post_req("/pay", Some("k1"), r#"{"amount":5}"#)).await;
+    let second = send(&app, post_req("/pay", Some("k1"), r#"{"amount":5}"#)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.observable(), second.observable());
+    assert_eq!(runs.count(), 1);
+    // Multi-valued headers are kept as separate values, comma values are not split.
+    let cookies: Vec<_> = second.headers.get_all(header::SET_COOKIE).iter().collect();
+    assert_eq!(cookies, ["a=1", "b=2"]);
+    let multi: Vec<_> = second.headers.get_all("x-multi").iter().collect();
+    assert_eq!(multi, ["one", "two"]);
+    assert_eq!(
+        second.headers[header::LINK],
+        "</x>; rel=next, </y>; rel=prev"
+    );
+    assert_eq!(second.headers["x-bin"].as_bytes(), b"\xfe\xff");
+    assert!(second.headers.get("idempotent-replayed").is_none());
+}
+
+#[tokio::test]
+async fn set_cookie_is_not_replayed_by_default() {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(MemoryStore::new()), runs.clone());
+    let first = send(&app, post_req("/pay", Some("k1"), "{}")).await;
+    let second = send(&app, post_req("/pay", Some("k1"), "{}")).await;
+    assert_eq!(first.headers.get_all(header::SET_COOKIE).iter().count(), 2);
+    assert_eq!(second.headers.get_all(header::SET_COOKIE).iter().count(), 0);
+    assert_eq!(first.body, second.body);
+    assert_eq!(runs.count(), 1);
+}
+
+#[tokio::test]
+async fn replayed_marker_is_opt_in() {
+    let runs = Runs::default();
+    let app = app(
+        IdempotencyLayer::new(MemoryStore::new()).mark_replayed(true),
+        runs.clone(),
+    );
+    let first = send(&app, post_req("/pay", Some("k1"), "{}")).await;
+    let second = send(&app, post_req("/pay", Some("k1"), "{}")).await;
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    assert_eq!(second.headers["idempotent-replayed"], "true");
+}
+
+#[tokio::test]
+async fn binary_bodies_replay_byte_for_byte() {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(MemoryStore::new()), runs.clone());
+    let first = send(&app, post_req("/big/70000", Some("k"), "")).await;
+    let second = send(&app, post_req("/big/70000", Some("k"), "")).await;
+    assert_eq!(first.body.len(), 70000);
+    assert_eq!(first.observable(), second.observable());
+    assert_eq!(runs.count(), 1);
+}
+
+#[tokio::test]
+async fn same_key_different_request_is_422_and_nothing_runs() {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(MemoryStore::new()), runs.clone());
+    send(&app, post_req("/pay?x=1", Some("k"), r#"{"amount":5}"#)).await;
+    for (uri, body) in [
+        ("/pay?x=1", r#"{"amount":6}"#),
+        ("/pay?x=1", r#"{"amount": 5}"#),
+        ("/pay?x=2", r#"{"amount":5}"#),
+        ("/pay", r#"{"amount":5}"#),
+        ("/status/201?x=1", r#"{"amount":5}"#),
+    ] {
+        let answer = send(&app, post_req(uri, Some("k"), body)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{uri} {body}"
+        );
+        assert_eq!(answer.problem_type(), "urn:tower-idempotency:key-reused");
+    }
+    let patch = Request::patch("/pay?x=1")
+        .header("authorization", "Bearer alice")
+        .header("idempotency-key", "k")
+        .body(Body::from(r#"{"amount":5}"#))
+        .unwrap();
+    assert_eq!(
+        send(&app, patch).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+#[tokio::test]
+async fn fingerprinted_header_counts() {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new()).fingerprint_header(header::CONTENT_TYPE);
+    let app = app(layer, runs.clone());
+    let with_type = |ct: &str| {
+        Request::post("/pay")
+            .header("idempotency-key", "k")
+            .header("content-type", ct)
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    send(&app, with_type("application/json")).await;
+    assert_eq!(
+        send(&app, with_type("application/json")).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, with_type("text/plain")).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+#[tokio::test]
+async fn completed_key_runs_again_after_retention() {
+    let runs = Runs::default();
+    let layer =
+        IdempotencyLayer::new(MemoryStore::new()).retention(std::time::Duration::from_millis(300));
+    let app = app(layer, runs.clone());
+    send(&app, post_req("/pay", Some("k"), "{}")).await;
+    send(&app, post_req("/pay", Some("k"), "{}")).await;
+    assert_eq!(runs.count(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    send(&app, post_req("/pay", Some("k"), "{}")).await;
+    assert_eq!(
+        runs.count(),
+        2,
+        "after the retention the key is a new request"
+    );
+}
