@@ -1,0 +1,86 @@
+//! The routes.
+
+use std::sync::atomic::Ordering;
+
+use axum::{
+    extract::{Path, State},
+    http::{header, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    Json,
+};
+use bytes::Bytes;
+use serde::Deserialize;
+
+use crate::{payments::Payment, problem, App};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPayment {
+    amount: i64,
+    currency: String,
+}
+
+/// `POST /payments`: validate, then record exactly one charge.
+pub async fn create(State(app): State<App>, body: Bytes) -> Response {
+    let new = match parse(&body) {
+        Ok(new) => new,
+        Err(detail) => return problem::invalid_body(detail),
+    };
+    let call = app.create_calls.fetch_add(1, Ordering::SeqCst);
+    if call < app.config.fail_first {
+        return problem::processor_unavailable();
+    }
+    if !app.config.handler_delay.is_zero() {
+        tokio::time::sleep(app.config.handler_delay).await;
+    }
+    match app.payments.create(new.amount, &new.currency).await {
+        Ok(payment) => {
+            let location = format!("/payments/{}", payment.id);
+            let mut response = with_etag(StatusCode::CREATED, &payment);
+            if let Ok(location) = HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, location);
+            }
+            response
+        }
+        Err(error) => problem::internal(error),
+    }
+}
+
+fn parse(body: &[u8]) -> Result<NewPayment, String> {
+    let new: NewPayment = serde_json::from_slice(body)
+        .map_err(|e| format!("expected {{\"amount\": <integer>, \"currency\": \"<ISO 4217 code>\"}}: {e}"))?;
+    if !(1..=1_000_000).contains(&new.amount) {
+        return Err(format!("amount must be an integer from 1 to 1000000, got {}", new.amount));
+    }
+    if new.currency.len() != 3 || !new.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(format!("currency must be 3 uppercase letters, got {:?}", new.currency));
+    }
+    Ok(new)
+}
+
+/// `GET /payments/{id}`.
+pub async fn read(State(app): State<App>, Path(id): Path<String>) -> Response {
+    match app.payments.get(&id).await {
+        Ok(Some(payment)) => with_etag(StatusCode::OK, &payment),
+        Ok(None) => problem::not_found(&id),
+        Err(error) => problem::internal(error),
+    }
+}
+
+/// `GET /stats`.
+pub async fn stats(State(app): State<App>) -> Response {
+    match app.payments.charges().await {
+        Ok(charges) => Json(serde_json::json!({ "charges": charges })).into_response(),
+        Err(error) => problem::internal(error),
+    }
+}
+
+/// The payment as JSON with its version as a strong ETag.
+fn with_etag(status: StatusCode, payment: &Payment) -> Response {
+    let etag = format!("\"{}\"", payment.version);
+    let mut response = (status, Json(payment)).into_response();
+    if let Ok(etag) = HeaderValue::from_str(&etag) {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    response
+}

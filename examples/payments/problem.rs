@@ -1,0 +1,55 @@
+//! The example's own problem+json answers (the layer renders its own).
+
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use tower_idempotency::{problem::Problem, DoNotStore};
+
+pub fn not_found(id: &str) -> Response {
+    respond(
+        Problem::new(StatusCode::NOT_FOUND, "urn:payments:not-found", "Payment not found")
+            .detail(format!("no payment with id {id:?}")),
+    )
+}
+
+/// 422 for a body that is not a valid charge. Marked `DoNotStore`: nothing happened, so the
+/// client may fix the body and resend it under the same key.
+pub fn invalid_body(detail: impl Into<String>) -> Response {
+    let mut response = respond(
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "urn:payments:invalid-body",
+            "Invalid payment",
+        )
+        .detail(detail),
+    );
+    response.extensions_mut().insert(DoNotStore);
+    response
+}
+
+/// The flaky processor of `PAYMENTS_FAIL_FIRST`.
+pub fn processor_unavailable() -> Response {
+    respond(
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "urn:payments:processor-unavailable",
+            "Payment processor unavailable",
+        )
+        .detail("the card processor did not answer; nothing was charged, retry with the same key"),
+    )
+}
+
+pub fn internal(error: impl std::fmt::Display) -> Response {
+    tracing::error!(%error, "payments storage failed");
+    respond(
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "urn:payments:internal",
+            "Internal error",
+        )
+        .detail("the payment could not be read or written; retry with the same key"),
+    )
+}
+
+pub fn respond(problem: Problem) -> Response {
+    problem.into_response().map(axum::body::Body::from).into_response()
+}
