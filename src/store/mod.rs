@@ -37,6 +37,8 @@ use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 mod error;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "sqlx")]
 mod sql;
 #[cfg(feature = "sqlx")]
@@ -45,6 +47,8 @@ mod table_name;
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlx")]
 pub use table_name::{InvalidTableName, TableName};
 

@@ -1,0 +1,557 @@
+//! A [`Store`] on PostgreSQL through sqlx: one table, shared by every process that points at
+//! the same database.
+//!
+//! # Schema
+//!
+//! [`PostgresStore::migrate`] creates it for you (idempotently, and safely when several
+//! processes start at once). If you run your own migrations instead, this is the DDL for the
+//! default table name ([`PostgresStore::schema_sql`] gives it for any table name):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS tower_idempotency_records (
+//!     scope       TEXT        NOT NULL,
+//!     key         TEXT        NOT NULL,
+//!     fingerprint BYTEA       NOT NULL,
+//!     token       BYTEA,
+//!     payload     BYTEA,
+//!     expires_at  TIMESTAMPTZ NOT NULL,
+//!     PRIMARY KEY (scope, key),
+//!     CHECK ((token IS NULL) <> (payload IS NULL))
+//! );
+//! CREATE INDEX IF NOT EXISTS tower_idempotency_records_expires_at_idx
+//!     ON tower_idempotency_records (expires_at);
+//! ```
+//!
+//! A row in progress has a `token` and no `payload`, and `expires_at` is the end of its lease;
+//! a completed row has a `payload` and no `token`, and `expires_at` is the end of its
+//! retention. A row whose `expires_at` has passed counts as absent.
+//!
+//! # How a claim works
+//!
+//! A claim is one statement, hence one round trip and one atomic decision:
+//!
+//! - it first reads the live row under its statement snapshot; when there is one (the common
+//!   case of a replay) it returns it without writing or locking anything;
+//! - otherwise it runs `INSERT .. ON CONFLICT (scope, key) DO UPDATE .. WHERE <row expired>`,
+//!   which inserts a new claim or takes over an expired one. The unique index and the row lock
+//!   of `ON CONFLICT` referee concurrent claims, never the read.
+//!
+//! If a concurrent transaction commits the row between the snapshot and the insert, the
+//! insert yields nothing and the snapshot shows nothing: the statement answers with no row at
+//! all and the claim runs again with a fresh snapshot (rare; only under contention on a key).
+//!
+//! Every time — lease ends, retention ends, purges — is measured by the database's clock
+//! (`now()`), never the application's.
+//!
+//! # Purging
+//!
+//! Expired rows are harmless (they count as absent and a claim overwrites them) but take
+//! space. Call [`Store::purge_expired`] from your own scheduler, or let
+//! [`PostgresStore::spawn_purger`] do it in the background.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sqlx::{Executor, PgPool, Row};
+use tokio::task::JoinHandle;
+
+use super::{sql, InvalidTableName, Store, StoreError, TableName};
+use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
+
+const BACKEND: &str = "postgres";
+
+/// How often a claim re-runs after an empty answer. Each empty answer means another
+/// transaction changed this very key between our snapshot and our insert, so running out of
+/// attempts takes a storm of claims and releases on one key.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// A PostgreSQL [`Store`]. Clones share the pool and the prepared SQL text.
+///
+/// ```no_run
+/// use tower_idempotency::store::PostgresStore;
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://app@localhost/app").await?;
+/// let store = PostgresStore::new(pool);
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    sql: Arc<Statements>,
+}
+
+/// Builds a [`PostgresStore`] with a table name other than the default.
+///
+/// ```no_run
+/// use tower_idempotency::store::PostgresStore;
+///
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::builder(pool)
+///     .table("billing.idempotency_keys")
+///     .build()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    pool: PgPool,
+    table: String,
+}
+
+/// The statements for one table. Table names cannot be bound as parameters, so the text is
+/// built once from a validated [`TableName`]; sqlx then prepares each once per connection.
+struct Statements {
+    table: TableName,
+    schema: String,
+    claim: String,
+    renew: String,
+    complete: String,
+    release: String,
+    lookup: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(table: TableName) -> Self {
+        let t = table.as_str();
+        let index = table.derived("expires_at_idx");
+        // The CHECK makes a row that is both (or neither) in progress and completed
+        // impossible, so `payload IS NULL` alone can tell the two states apart.
+        let schema = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+    scope       TEXT        NOT NULL,
+    key         TEXT        NOT NULL,
+    fingerprint BYTEA       NOT NULL,
+    token       BYTEA,
+    payload     BYTEA,
+    expires_at  TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (scope, key),
+    CHECK ((token IS NULL) <> (payload IS NULL))
+);
+CREATE INDEX IF NOT EXISTS {index}
+    ON {t} (expires_at);
+"
+        );
+        // `live` and `claimed` run against the same snapshot. `live` only spares the replay
+        // path a write and a row lock; the decision is `claimed`'s: a unique-index insert, or
+        // an update under the row lock whose WHERE sees the latest committed version of the
+        // row. `DO UPDATE` needs that WHERE: without it every duplicate would write a row.
+        let claim = format!(
+            "WITH live AS (
+    SELECT fingerprint, payload FROM {t}
+    WHERE scope = $1 AND key = $2 AND expires_at > now()
+), claimed AS (
+    INSERT INTO {t} AS r (scope, key, fingerprint, token, payload, expires_at)
+    SELECT $1, $2, $3, $4, NULL, now() + $5 * interval '1 millisecond'
+    WHERE NOT EXISTS (SELECT 1 FROM live)
+    ON CONFLICT (scope, key) DO UPDATE
+        SET fingerprint = excluded.fingerprint,
+            token = excluded.token,
+            payload = NULL,
+            expires_at = excluded.expires_at
+        WHERE r.expires_at <= now()
+    RETURNING 1
+)
+SELECT true AS claimed, NULL::bytea AS fingerprint, NULL::bytea AS payload FROM claimed
+UNION ALL
+SELECT false, fingerprint, payload FROM live"
+        );
+        // The fence: only the live claim holding exactly this token. Completed rows have no
+        // token, so they never match.
+        let fence = "scope = $1 AND key = $2 AND token = $3 AND expires_at > now()";
+        let renew = format!(
+            "UPDATE {t} SET expires_at = now() + $4 * interval '1 millisecond' WHERE {fence}"
+        );
+        let complete = format!(
+            "UPDATE {t}
+    SET token = NULL, payload = $4, expires_at = now() + $5 * interval '1 millisecond'
+    WHERE {fence}"
+        );
+        let release = format!("DELETE FROM {t} WHERE {fence}");
+        let lookup = format!(
+            "SELECT fingerprint, payload FROM {t}
+    WHERE scope = $1 AND key = $2 AND expires_at > now()"
+        );
+        // SKIP LOCKED lets concurrent purgers (one per process) split the work instead of
+        // queueing, and leaves alone a row a claim is taking over right now. The outer
+        // expiry test re-checks the row version actually deleted, so a row taken over after
+        // the inner scan picked it is never deleted.
+        let purge = format!(
+            "DELETE FROM {t}
+    WHERE ctid IN (
+        SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
+    )
+    AND expires_at <= now()"
+        );
+        Self {
+            table,
+            schema,
+            claim,
+            renew,
+            complete,
+            release,
+            lookup,
+            purge,
+        }
+    }
+}
+
+impl PostgresStore {
+    /// The table used unless [`PostgresStoreBuilder::table`] says otherwise.
+    ///
+    /// ```
+    /// # use tower_idempotency::store::PostgresStore;
+    /// assert_eq!(PostgresStore::DEFAULT_TABLE, "tower_idempotency_records");
+    /// ```
+    pub const DEFAULT_TABLE: &'static str = "tower_idempotency_records";
+
+    /// A store on `pool` using the default table, [`DEFAULT_TABLE`](Self::DEFAULT_TABLE).
+    /// Run [`migrate`](Self::migrate) once (or your own migration) before using it.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # async fn example() -> Result<(), sqlx::Error> {
+    /// let pool = sqlx::postgres::PgPoolOptions::new()
+    ///     .max_connections(16)
+    ///     .connect("postgres://app@localhost/app")
+    ///     .await?;
+    /// let store = PostgresStore::new(pool);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_table(pool, default_table())
+    }
+
+    /// A builder, to choose the table name.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PostgresStore::builder(pool).table("idempotency").build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            pool,
+            table: Self::DEFAULT_TABLE.to_owned(),
+        }
+    }
+
+    fn with_table(pool: PgPool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(table)),
+        }
+    }
+
+    /// The table this store uses.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # fn example(pool: sqlx::PgPool) {
+    /// let store = PostgresStore::new(pool);
+    /// assert_eq!(store.table().as_str(), "tower_idempotency_records");
+    /// # }
+    /// ```
+    pub fn table(&self) -> &TableName {
+        &self.sql.table
+    }
+
+    /// The pool the store runs on.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # fn example(store: PostgresStore) {
+    /// println!("{} connections open", store.pool().size());
+    /// # }
+    /// ```
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The DDL that [`migrate`](Self::migrate) runs for this store's table: a `CREATE TABLE`
+    /// and a `CREATE INDEX` on the expiry column, both `IF NOT EXISTS`. Paste it into your own
+    /// migrations if you prefer to run those.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # fn example(pool: sqlx::PgPool) {
+    /// let store = PostgresStore::new(pool);
+    /// std::fs::write("migrations/0042_idempotency.sql", store.schema_sql()).unwrap();
+    /// # }
+    /// ```
+    pub fn schema_sql(&self) -> &str {
+        &self.sql.schema
+    }
+
+    /// Creates the table and its index if they do not exist yet.
+    ///
+    /// Safe to call on every start, from many processes at once: a transaction-scoped advisory
+    /// lock serialises the callers, because concurrent `CREATE TABLE IF NOT EXISTS` can still
+    /// fail on PostgreSQL's catalog constraints. It does not touch sqlx's own
+    /// `_sqlx_migrations` table, so it never interferes with your migrations. A schema in a
+    /// qualified table name (`schema.table`) must already exist.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PostgresStore::new(pool);
+    /// store.migrate().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("tower-idempotency migrate {}", self.sql.table))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        // Through `Executor::execute` (a boxed future) rather than `RawSql::execute`, whose
+        // generic async fn makes the caller's future fail to be `Send` (rustc's higher-ranked
+        // lifetime limitation), so `migrate` could not be spawned.
+        tx.execute(sqlx::raw_sql(&self.sql.schema))
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    /// Starts a tokio task that purges expired rows every `every`, in batches of `batch`
+    /// rows until a batch comes back short. Failures are logged (`tracing`, warn level) and
+    /// retried at the next tick. The task runs until aborted: keep the handle and call
+    /// [`JoinHandle::abort`] on shutdown (dropping the handle does not stop it).
+    ///
+    /// `every` is raised to at least one millisecond and `batch` to at least one row.
+    /// Several processes may each run a purger: they skip rows another one is deleting.
+    ///
+    /// Must be called within a tokio runtime.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # fn example(store: PostgresStore) {
+    /// let purger = store.spawn_purger(Duration::from_secs(60), 1_000);
+    /// // ... on shutdown:
+    /// purger.abort();
+    /// # }
+    /// ```
+    pub fn spawn_purger(&self, every: Duration, batch: u32) -> JoinHandle<()> {
+        let store = self.clone();
+        let batch = batch.max(1);
+        let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
+        // After a slow purge, wait a full period again rather than firing a burst of ticks.
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::spawn(async move {
+            loop {
+                ticks.tick().await;
+                let mut purged = 0;
+                loop {
+                    match store.purge_expired(batch).await {
+                        Ok(n) => {
+                            purged += n;
+                            if n < u64::from(batch) {
+                                break;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "purging expired idempotency records failed");
+                            break;
+                        }
+                    }
+                }
+                if purged > 0 {
+                    tracing::debug!(purged, table = %store.sql.table, "purged expired idempotency records");
+                }
+            }
+        })
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The table to use, optionally schema-qualified (`schema.table`). It is validated by
+    /// [`build`](Self::build): see [`TableName`] for what is accepted.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # fn example(pool: sqlx::PgPool) {
+    /// let builder = PostgresStore::builder(pool).table("idempotency");
+    /// # }
+    /// ```
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// Builds the store, or says why the table name was refused. Does not touch the database.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::PostgresStore;
+    /// # fn example(pool: sqlx::PgPool) {
+    /// let refused = PostgresStore::builder(pool).table("records; DROP TABLE users").build();
+    /// assert!(refused.is_err());
+    /// # }
+    /// ```
+    pub fn build(self) -> Result<PostgresStore, InvalidTableName> {
+        let table = TableName::new(self.table)?;
+        Ok(PostgresStore::with_table(self.pool, table))
+    }
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.sql.table)
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+fn default_table() -> TableName {
+    TableName::new(PostgresStore::DEFAULT_TABLE).expect("the default table name is valid")
+}
+
+fn backend(error: sqlx::Error) -> StoreError {
+    sql::backend(BACKEND, error)
+}
+
+fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<Record, StoreError> {
+    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(backend)?;
+    let payload: Option<Vec<u8>> = row.try_get("payload").map_err(backend)?;
+    sql::decode_record(BACKEND, &fingerprint, payload)
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let lease = sql::millis(lease)?;
+        for attempt in 1..=CLAIM_ATTEMPTS {
+            // A fresh token per attempt: a token must never be reused across claims.
+            let token = Token::random();
+            let row = sqlx::query(&self.sql.claim)
+                .bind(key.scope())
+                .bind(key.key())
+                .bind(fingerprint.as_bytes().as_slice())
+                .bind(token.to_bytes().as_slice())
+                .bind(lease)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+            let Some(row) = row else {
+                tracing::trace!(key = %key.log_id(), attempt, "claim raced a concurrent change, retrying");
+                continue;
+            };
+            return if row.try_get::<bool, _>("claimed").map_err(backend)? {
+                Ok(ClaimOutcome::Claimed(token))
+            } else {
+                record_from_row(&row).map(ClaimOutcome::Existing)
+            };
+        }
+        Err(StoreError::backend(
+            BACKEND,
+            format!(
+                "claim found the key changed by concurrent transactions {CLAIM_ATTEMPTS} times in a row"
+            ),
+        ))
+    }
+
+    async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
+        let done = sqlx::query(&self.sql.renew)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(token.to_bytes().as_slice())
+            .bind(sql::millis(lease)?)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        fenced(done.rows_affected())
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(&self.sql.complete)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(token.to_bytes().as_slice())
+            .bind(payload.as_ref())
+            .bind(sql::millis(retention)?)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        fenced(done.rows_affected())
+    }
+
+    async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
+        let done = sqlx::query(&self.sql.release)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(token.to_bytes().as_slice())
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        fenced(done.rows_affected())
+    }
+
+    async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(&self.sql.lookup)
+            .bind(key.scope())
+            .bind(key.key())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        row.as_ref().map(record_from_row).transpose()
+    }
+
+    async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sql.purge)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// A fenced statement touches the one row held by the token, or nothing.
+fn fenced(rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        Err(StoreError::StaleToken)
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_docs_show_the_default_schema() {
+        // Users who run their own migrations copy the DDL from the docs: keep it in step.
+        let source = include_str!("postgres.rs");
+        for line in Statements::new(default_table()).schema.lines() {
+            let documented = format!("//! {line}");
+            assert!(
+                source
+                    .lines()
+                    .any(|l| l.trim_end() == documented.trim_end()),
+                "module docs lack the schema line {line:?}"
+            );
+        }
+    }
+}
