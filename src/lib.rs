@@ -5,6 +5,7 @@
 pub mod problem;
 pub mod record;
 pub mod store;
+pub mod version;
 
 pub use record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 
