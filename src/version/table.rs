@@ -1,3 +1,5 @@
+use std::future::Future;
+
 use sqlx::{Acquire, Encode, FromRow, Transaction, Type};
 
 use super::{
@@ -84,42 +86,52 @@ impl VersionedTable {
     /// from [`NotFound`](VersionedUpdate::NotFound). A serialization failure or deadlock
     /// reported by the database is a `Conflict` too (with no current version: the
     /// transaction is aborted and must be rolled back).
-    pub async fn update_if_version<'a, 'args, DB, A, K>(
-        &self,
+    pub fn update_if_version<'a, 'c, DB, A, K>(
+        &'a self,
         conn: A,
         id: K,
         expected: impl Into<Expected>,
-        set: impl FnOnce(&mut SetValues<'args, DB>),
-    ) -> Result<VersionedUpdate, VersionError>
+        set: impl FnOnce(&mut SetValues<'a, DB>),
+    ) -> impl Future<Output = Result<VersionedUpdate, VersionError>> + Send + 'a
     where
         DB: VersionedBackend,
-        A: Acquire<'a, Database = DB>,
-        K: 'args + Encode<'args, DB> + Type<DB> + Clone + Send,
+        A: Acquire<'c, Database = DB> + Send + 'a,
+        K: 'a + Encode<'a, DB> + Type<DB> + Clone + Send,
     {
-        self.update::<DB, A, K, ()>(conn, id, expected.into(), set, None)
-            .await
+        let values = self.values(set);
+        let expected = expected.into();
+        async move {
+            let mut conn = acquire::<DB, A>(conn, "update").await?;
+            self.update::<DB, K, ()>(&mut *conn, id, expected, values?, None)
+                .await
+        }
     }
 
     /// Like [`update_if_version`](Self::update_if_version), and also returns rows: the
     /// updated row on success (PostgreSQL and SQLite through `RETURNING *`; MySQL by reading
     /// it back in the same connection, `None` if another writer changed it in between), the
     /// current row on a version conflict.
-    pub async fn update_if_version_returning<'a, 'args, DB, A, K, R>(
-        &self,
+    pub fn update_if_version_returning<'a, 'c, DB, A, K, R>(
+        &'a self,
         conn: A,
         id: K,
         expected: impl Into<Expected>,
-        set: impl FnOnce(&mut SetValues<'args, DB>),
-    ) -> Result<VersionedUpdate<R>, VersionError>
+        set: impl FnOnce(&mut SetValues<'a, DB>),
+    ) -> impl Future<Output = Result<VersionedUpdate<R>, VersionError>> + Send + 'a
     where
         DB: VersionedBackend,
-        A: Acquire<'a, Database = DB>,
-        K: 'args + Encode<'args, DB> + Type<DB> + Clone + Send,
-        R: for<'r> FromRow<'r, DB::Row> + Send + Unpin,
+        A: Acquire<'c, Database = DB> + Send + 'a,
+        K: 'a + Encode<'a, DB> + Type<DB> + Clone + Send,
+        R: for<'r> FromRow<'r, DB::Row> + Send + Unpin + 'a,
     {
+        let values = self.values(set);
+        let expected = expected.into();
         let decode: Decode<DB, R> = |row| R::from_row(row);
-        self.update(conn, id, expected.into(), set, Some(decode))
-            .await
+        async move {
+            let mut conn = acquire::<DB, A>(conn, "update").await?;
+            self.update(&mut *conn, id, expected, values?, Some(decode))
+                .await
+        }
     }
 
     /// Inserts row `id` with the values given to `set` at [`Version::INITIAL`], unless a row
@@ -129,22 +141,34 @@ impl VersionedTable {
     ///
     /// On PostgreSQL a unique violation aborts the surrounding transaction; insert in a
     /// savepoint (`tx.begin()`) when the transaction has to continue after "already exists".
-    pub async fn insert_new<'a, 'args, DB, A, K>(
-        &self,
+    pub fn insert_new<'a, 'c, DB, A, K>(
+        &'a self,
         conn: A,
         id: K,
-        set: impl FnOnce(&mut SetValues<'args, DB>),
+        set: impl FnOnce(&mut SetValues<'a, DB>),
+    ) -> impl Future<Output = Result<InsertOutcome, VersionError>> + Send + 'a
+    where
+        DB: VersionedBackend,
+        A: Acquire<'c, Database = DB> + Send + 'a,
+        K: 'a + Encode<'a, DB> + Type<DB> + Send,
+    {
+        let values = self.values(set);
+        async move {
+            let mut conn = acquire::<DB, A>(conn, "insert").await?;
+            self.insert(&mut *conn, id, values?).await
+        }
+    }
+
+    async fn insert<'args, DB, K>(
+        &self,
+        conn: &mut DB::Connection,
+        id: K,
+        mut values: SetValues<'args, DB>,
     ) -> Result<InsertOutcome, VersionError>
     where
         DB: VersionedBackend,
-        A: Acquire<'a, Database = DB>,
-        K: 'args + Encode<'args, DB> + Type<DB> + Send,
+        K: 'args + Encode<'args, DB> + Type<DB>,
     {
-        let mut values = SetValues::<DB>::new(&self.id, &self.version);
-        set(&mut values);
-        if let Some(error) = values.error.take() {
-            return Err(error);
-        }
         let id_placeholder = values.bind(id).map_err(|e| self.bind_error(&self.id, e))?;
         let version_placeholder = values
             .bind_i64(Version::INITIAL.get())
@@ -160,11 +184,7 @@ impl VersionedTable {
             id = self.id,
             version = self.version,
         );
-        let mut conn = conn
-            .acquire()
-            .await
-            .map_err(|e| database::<DB>("insert", e))?;
-        match DB::execute(&mut conn, &sql, values.args).await {
+        match DB::execute(conn, &sql, values.args).await {
             Ok(_) => Ok(InsertOutcome::Created {
                 version: Version::INITIAL,
             }),
@@ -178,76 +198,77 @@ impl VersionedTable {
     }
 
     /// The current version of row `id`, `None` if there is none (for an ETag on GET).
-    pub async fn current_version<'a, 'args, DB, A, K>(
-        &self,
+    pub fn current_version<'a, 'c, DB, A, K>(
+        &'a self,
         conn: A,
         id: K,
-    ) -> Result<Option<Version>, VersionError>
+    ) -> impl Future<Output = Result<Option<Version>, VersionError>> + Send + 'a
     where
         DB: VersionedBackend,
-        A: Acquire<'a, Database = DB>,
-        K: 'args + Encode<'args, DB> + Type<DB> + Send,
+        A: Acquire<'c, Database = DB> + Send + 'a,
+        K: 'a + Encode<'a, DB> + Type<DB> + Send,
     {
-        let mut conn = conn
-            .acquire()
-            .await
-            .map_err(|e| database::<DB>("read", e))?;
-        let row = self.read::<DB, K>(&mut conn, id, false, "").await?;
-        row.map(|row| self.version_of::<DB>(&row)).transpose()
+        async move {
+            let mut conn = acquire::<DB, A>(conn, "read").await?;
+            let row = self.read::<DB, K>(&mut *conn, id, false, "").await?;
+            row.map(|row| self.version_of::<DB>(&row)).transpose()
+        }
     }
 
     /// Row `id` with its version, `None` if there is none (read the row and its ETag).
-    pub async fn fetch<'a, 'args, DB, A, K, R>(
-        &self,
+    pub fn fetch<'a, 'c, DB, A, K, R>(
+        &'a self,
         conn: A,
         id: K,
-    ) -> Result<Option<(Version, R)>, VersionError>
+    ) -> impl Future<Output = Result<Option<(Version, R)>, VersionError>> + Send + 'a
     where
         DB: VersionedBackend,
-        A: Acquire<'a, Database = DB>,
-        K: 'args + Encode<'args, DB> + Type<DB> + Send,
-        R: for<'r> FromRow<'r, DB::Row> + Send + Unpin,
+        A: Acquire<'c, Database = DB> + Send + 'a,
+        K: 'a + Encode<'a, DB> + Type<DB> + Send,
+        R: for<'r> FromRow<'r, DB::Row> + Send + Unpin + 'a,
     {
-        let mut conn = conn
-            .acquire()
-            .await
-            .map_err(|e| database::<DB>("read", e))?;
-        let Some(row) = self.read::<DB, K>(&mut conn, id, true, "").await? else {
-            return Ok(None);
-        };
-        let version = self.version_of::<DB>(&row)?;
-        let value = R::from_row(&row).map_err(|e| database::<DB>("read", e))?;
-        Ok(Some((version, value)))
+        async move {
+            let mut conn = acquire::<DB, A>(conn, "read").await?;
+            let Some(row) = self.read::<DB, K>(&mut *conn, id, true, "").await? else {
+                return Ok(None);
+            };
+            let version = self.version_of::<DB>(&row)?;
+            let value = R::from_row(&row).map_err(|e| database::<DB>("read", e))?;
+            Ok(Some((version, value)))
+        }
     }
 
-    async fn update<'a, 'args, DB, A, K, R>(
+    /// Runs the caller's `set` closure (synchronously, before any I/O).
+    fn values<'args, DB: VersionedBackend>(
         &self,
-        conn: A,
+        set: impl FnOnce(&mut SetValues<'args, DB>),
+    ) -> Result<SetValues<'args, DB>, VersionError> {
+        let mut values = SetValues::<DB>::new(&self.id, &self.version);
+        set(&mut values);
+        match values.error.take() {
+            Some(error) => Err(error),
+            None => Ok(values),
+        }
+    }
+
+    async fn update<'args, DB, K, R>(
+        &self,
+        conn: &mut DB::Connection,
         id: K,
         expected: Expected,
-        set: impl FnOnce(&mut SetValues<'args, DB>),
+        mut values: SetValues<'args, DB>,
         decode: Option<Decode<DB, R>>,
     ) -> Result<VersionedUpdate<R>, VersionError>
     where
         DB: VersionedBackend,
-        A: Acquire<'a, Database = DB>,
-        K: 'args + Encode<'args, DB> + Type<DB> + Clone + Send,
+        K: 'args + Encode<'args, DB> + Type<DB> + Clone,
     {
-        let mut values = SetValues::<DB>::new(&self.id, &self.version);
-        set(&mut values);
-        if let Some(error) = values.error.take() {
-            return Err(error);
-        }
-        let mut conn = conn
-            .acquire()
-            .await
-            .map_err(|e| database::<DB>("update", e))?;
         // An expectation no version meets (`If-Match` with only weak tags, `If-None-Match:
         // *`) cannot update anything: skip straight to telling conflict from not found.
         if !expected.accepts_none() {
             let sql = self.update_sql(&mut values, id.clone(), &expected, decode.is_some())?;
             let won = if DB::RETURNING {
-                match DB::fetch_optional(&mut conn, &sql, values.args).await {
+                match DB::fetch_optional(conn, &sql, values.args).await {
                     Ok(Some(row)) => Some((
                         self.version_of::<DB>(&row)?,
                         decode_row::<DB, R>(decode, &row)?,
@@ -256,7 +277,7 @@ impl VersionedTable {
                     Err(error) => return aborted::<DB, R>("update", error),
                 }
             } else {
-                match DB::execute(&mut conn, &sql, values.args).await {
+                match DB::execute(conn, &sql, values.args).await {
                     // The statement always changes the version column, so every matched row
                     // is a changed row: the affected-rows count means "matched" whether or
                     // not the connection set CLIENT_FOUND_ROWS (sqlx does). A no-op update
@@ -267,7 +288,7 @@ impl VersionedTable {
                             .map_err(|_| self.version_overflow(done.last_insert_id))?;
                         let row = match decode {
                             Some(_) => {
-                                self.read_back::<DB, K, R>(&mut conn, id.clone(), version, decode)
+                                self.read_back::<DB, K, R>(conn, id.clone(), version, decode)
                                     .await?
                             }
                             None => None,
@@ -284,7 +305,7 @@ impl VersionedTable {
         }
         // Zero rows matched: only now read, to tell a lost race from a missing row.
         let row = match self
-            .read::<DB, K>(&mut conn, id, decode.is_some(), DB::LOCKING_READ)
+            .read::<DB, K>(conn, id, decode.is_some(), DB::LOCKING_READ)
             .await
         {
             Ok(row) => row,
@@ -456,6 +477,15 @@ pub async fn commit_if_updated<DB: VersionedBackend, R>(
         Ok(()) => Ok(outcome),
         Err(error) => aborted::<DB, R>("commit", error),
     }
+}
+
+async fn acquire<'c, DB: VersionedBackend, A: Acquire<'c, Database = DB>>(
+    conn: A,
+    operation: &'static str,
+) -> Result<A::Connection, VersionError> {
+    conn.acquire()
+        .await
+        .map_err(|e| database::<DB>(operation, e))
 }
 
 fn decode_row<DB: VersionedBackend, R>(
