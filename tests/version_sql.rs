@@ -415,12 +415,18 @@ mod postgres {
 
     #[tokio::test]
     async fn serializable_transaction_conflict_is_a_conflict() {
-        let Some(f) = setup("serial").await else { return };
+        let Some(f) = setup("serial").await else {
+            return;
+        };
         create_row(&f, 1, "new").await;
         let mut tx = f.pool.begin().await.unwrap();
         exec_in(&mut tx, "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE").await;
         // Take the snapshot, then let another writer commit a new version.
-        let seen = f.table.current_version::<Db, _, _>(&mut *tx, 1i64).await.unwrap();
+        let seen = f
+            .table
+            .current_version::<Db, _, _>(&mut *tx, 1i64)
+            .await
+            .unwrap();
         assert_eq!(seen, Some(Version::INITIAL));
         let other = f
             .table
@@ -440,7 +446,11 @@ mod postgres {
         assert!(
             matches!(
                 outcome,
-                VersionedUpdate::Conflict { current_version: None, reason: ConflictReason::SerializationFailure, .. }
+                VersionedUpdate::Conflict {
+                    current_version: None,
+                    reason: ConflictReason::SerializationFailure,
+                    ..
+                }
             ),
             "{outcome:?}"
         );
@@ -501,7 +511,11 @@ mod mysql {
         create_row(&f, 1, "new").await;
         let mut tx = f.pool.begin().await.unwrap();
         // REPEATABLE READ (InnoDB's default): this read fixes the transaction's snapshot.
-        let seen = f.table.current_version::<Db, _, _>(&mut *tx, 1i64).await.unwrap();
+        let seen = f
+            .table
+            .current_version::<Db, _, _>(&mut *tx, 1i64)
+            .await
+            .unwrap();
         assert_eq!(seen, Some(Version::INITIAL));
         let other = f
             .table
@@ -513,8 +527,16 @@ mod mysql {
         assert!(other.is_updated());
         // The snapshot still says version 1, but the update and the follow-up locking read
         // see the committed version 2.
-        let again = f.table.current_version::<Db, _, _>(&mut *tx, 1i64).await.unwrap();
-        assert_eq!(again, Some(Version::INITIAL), "a plain read in the transaction is stale");
+        let again = f
+            .table
+            .current_version::<Db, _, _>(&mut *tx, 1i64)
+            .await
+            .unwrap();
+        assert_eq!(
+            again,
+            Some(Version::INITIAL),
+            "a plain read in the transaction is stale"
+        );
         let outcome = f
             .table
             .update_if_version(&mut *tx, 1i64, Version::INITIAL, |set| {
@@ -581,7 +603,12 @@ mod sqlite {
         .await
         .unwrap();
         let table = VersionedTable::new(&name, "id", "version").unwrap();
-        Some(Fixture { pool, table, name, path })
+        Some(Fixture {
+            pool,
+            table,
+            name,
+            path,
+        })
     }
 
     async fn exec(f: &Fixture, sql: &str) {
@@ -596,7 +623,11 @@ mod sqlite {
         create_row(&f, 1, "new").await;
         let mut tx = f.pool.begin().await.unwrap();
         // A deferred transaction's first read fixes its WAL snapshot.
-        let seen = f.table.current_version::<Db, _, _>(&mut *tx, 1i64).await.unwrap();
+        let seen = f
+            .table
+            .current_version::<Db, _, _>(&mut *tx, 1i64)
+            .await
+            .unwrap();
         assert_eq!(seen, Some(Version::INITIAL));
         let other = f
             .table
@@ -614,7 +645,13 @@ mod sqlite {
             .await
             .unwrap();
         assert!(
-            matches!(outcome, VersionedUpdate::Conflict { reason: ConflictReason::Busy, .. }),
+            matches!(
+                outcome,
+                VersionedUpdate::Conflict {
+                    reason: ConflictReason::Busy,
+                    ..
+                }
+            ),
             "{outcome:?}"
         );
         let _ = commit_if_updated(tx, outcome).await.unwrap();

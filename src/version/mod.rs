@@ -38,7 +38,7 @@
 //!     .update_if_version(&"pay_1", pre.expected(), |s| *s = "failed")
 //!     .into_http()
 //!     .unwrap_err();
-//! assert_eq!(rejection.into_response().headers()["etag"], "\"2\"");
+//! assert_eq!(rejection.into_http_response().headers()["etag"], "\"2\"");
 //! ```
 
 mod etag;

@@ -20,7 +20,7 @@ pub const NOT_FOUND_TYPE: &str = "urn:tower-idempotency:not-found";
 /// use http::StatusCode;
 /// use tower_idempotency::version::{ETag, PreconditionRejection, Version};
 /// let response = PreconditionRejection::Failed { current: Some(ETag::from(Version::new(8))) }
-///     .into_response();
+///     .into_http_response();
 /// assert_eq!(response.status(), StatusCode::PRECONDITION_FAILED);
 /// assert_eq!(response.headers()["etag"], "\"8\"");
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
@@ -86,7 +86,7 @@ impl PreconditionRejection {
     }
 
     /// The response: status, `ETag` header when known, problem+json body (none for 304).
-    pub fn into_response(self) -> Response<Bytes> {
+    pub fn into_http_response(self) -> Response<Bytes> {
         let mut response = match self.problem() {
             Some(problem) => problem.into_response(),
             None => {
