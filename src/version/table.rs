@@ -86,6 +86,19 @@ impl VersionedTable {
     /// from [`NotFound`](VersionedUpdate::NotFound). A serialization failure or deadlock
     /// reported by the database is a `Conflict` too (with no current version: the
     /// transaction is aborted and must be rolled back).
+    ///
+    /// Per database:
+    /// - PostgreSQL, SQLite: `UPDATE .. RETURNING` hands back the new version (and row).
+    ///   A PostgreSQL REPEATABLE READ / SERIALIZABLE transaction that meets a concurrent
+    ///   change gets SQLSTATE 40001 from the UPDATE: a `Conflict` with no current version.
+    ///   A SQLite transaction whose snapshot went stale gets `SQLITE_BUSY(_SNAPSHOT)`: the
+    ///   same.
+    /// - MySQL / MariaDB: the version is raised as `LAST_INSERT_ID(version + 1)` so the new
+    ///   version comes back with the statement's result. This overwrites the connection's
+    ///   `LAST_INSERT_ID()`: read that before the update if you need it. The follow-up read
+    ///   after zero rows is `LOCK IN SHARE MODE`, because a plain read in a REPEATABLE READ
+    ///   transaction would show the old snapshot; inside your transaction it keeps a shared
+    ///   lock on the row until you commit or roll back.
     pub fn update_if_version<'a, 'c, DB, A, K>(
         &'a self,
         conn: A,
