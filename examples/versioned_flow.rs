@@ -205,7 +205,10 @@ async fn main() -> Result<(), Error> {
     for task in tasks {
         let outcome = task.await??;
         if !outcome.is_updated() {
-            println!("   a refund gave up after {} attempts: {outcome:?}", policy.attempts());
+            println!(
+                "   a refund gave up after {} attempts: {outcome:?}",
+                policy.attempts()
+            );
         }
     }
     let (version, payment) = payments
