@@ -5,6 +5,9 @@
 //!   closed on its next read or write) and, until [`Proxy::restore`], accepts new connections
 //!   only to close them straight away. The port stays bound, so the client's pool keeps its
 //!   address and reconnects by itself once the proxy forwards again.
+//! - [`Proxy::stall`] plays a network that stops answering: connections stay open, but no
+//!   byte crosses the proxy (nor does a new connection get through) until
+//!   [`Proxy::restore`]. A client only notices through its own timeouts.
 //! - Connections turned away while cut are counted, so a test can prove that the client really
 //!   tried (and failed) to reach the store, rather than trusting a timing.
 #![allow(dead_code)]
@@ -18,8 +21,12 @@ use std::{
 };
 
 use tokio::{
-    net::{TcpListener, TcpStream},
-    sync::Notify,
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+        TcpListener, TcpStream,
+    },
+    sync::{watch, Notify},
 };
 
 /// A handle on the proxy; clones share it. Dropping handles does not stop it: its tasks end
@@ -35,6 +42,8 @@ struct Inner {
     state: Mutex<State>,
     /// Signalled on every connection turned away.
     turned_away: Notify,
+    /// `false` while stalled: bytes read are held until it turns `true`.
+    flowing: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -58,6 +67,7 @@ impl Proxy {
             upstream: (host.to_owned(), port),
             state: Mutex::default(),
             turned_away: Notify::new(),
+            flowing: watch::Sender::new(true),
         });
         tokio::spawn(accept_loop(listener, inner.clone()));
         Proxy { inner, addr }
@@ -81,9 +91,16 @@ impl Proxy {
         }
     }
 
-    /// Forwards new connections again.
+    /// Holds every byte in both directions, on live and new connections alike, until
+    /// [`restore`](Self::restore): a network that went silent, with no connection closed.
+    pub fn stall(&self) {
+        self.inner.flowing.send_replace(false);
+    }
+
+    /// Forwards again, after a [`cut`](Self::cut) or a [`stall`](Self::stall).
     pub fn restore(&self) {
         self.inner.lock().cut = false;
+        self.inner.flowing.send_replace(true);
     }
 
     /// How many connections were turned away while cut.
@@ -146,11 +163,35 @@ async fn forward(client: TcpStream, inner: Arc<Inner>) {
     let Ok(server) = TcpStream::connect((host.as_str(), *port)).await else {
         return; // The client sees its connection closed, as if the server were down.
     };
-    let Ok((mut client, mut server, id)) = register(&inner, client, server) else {
+    let Ok((client, server, id)) = register(&inner, client, server) else {
         return;
     };
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::join!(
+        pump(client_read, server_write, &inner),
+        pump(server_read, client_write, &inner),
+    );
     inner.lock().live.remove(&id);
+}
+
+/// Copies one direction until either side closes, holding the bytes while stalled.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, inner: &Inner) {
+    let mut flowing = inner.flowing.subscribe();
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        if flowing.wait_for(|flowing| *flowing).await.is_err()
+            || to.write_all(&buffer[..read]).await.is_err()
+        {
+            break;
+        }
+    }
+    // Pass the half-close on, so the other side sees the end of the stream.
+    let _ = to.shutdown().await;
 }
 
 /// Records the connection's sockets so `cut` can reach them — unless a cut came first, in
