@@ -51,6 +51,11 @@ struct Pg {
 /// A migrated store on a fresh pool through a fresh proxy, or `None` when
 /// `TEST_POSTGRES_URL` is unset (or the server unreachable) and the test is skipped.
 async fn postgres() -> Option<Pg> {
+    postgres_with(true).await
+}
+
+/// [`postgres`], choosing whether the pool pings a pooled connection before handing it out.
+async fn postgres_with(test_before_acquire: bool) -> Option<Pg> {
     let url = conformance::url_or_skip("TEST_POSTGRES_URL")?;
     let options = PgConnectOptions::from_str(&url).expect("TEST_POSTGRES_URL is not a valid URL");
     assert!(
@@ -63,9 +68,9 @@ async fn postgres() -> Option<Pg> {
         .max_connections(4)
         .min_connections(0)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        // The default: a pooled connection is pinged before use, so one killed by the outage
-        // is replaced rather than failing the next query.
-        .test_before_acquire(true)
+        // On by default: a pooled connection is pinged before use, so one killed by the
+        // outage is replaced rather than failing the next query.
+        .test_before_acquire(test_before_acquire)
         .connect_with(through_proxy)
         .await
     {
@@ -346,4 +351,75 @@ async fn postgres_down_engine_run_once_is_a_typed_store_error() {
     let replayed = run().await.expect("the store is back");
     assert_eq!(replayed, Execution::Replayed(Bytes::from("call 1")));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// The network goes silent before a request (nothing is closed, no byte gets through): the
+/// pool's ping before use hangs, `acquire_timeout` ends it, and the layer answers 503 without
+/// running the handler. Once the network is back the same service recovers.
+#[tokio::test]
+async fn postgres_silent_network_answers_503_within_the_acquire_timeout() {
+    let Some(pg) = postgres().await else { return };
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(pg.store.clone()), runs.clone());
+    let key = fresh_key();
+
+    pg.proxy.stall();
+    let answer = tokio::time::timeout(
+        ACQUIRE_TIMEOUT * 5,
+        send(&app, post_req("/pay", Some(&key), "{}")),
+    )
+    .await
+    .expect("no answer: the request hangs on a silent store");
+    assert_store_unavailable(&answer, "1");
+    assert_eq!(runs.count(), 0, "the handler ran without a claim");
+
+    pg.proxy.restore();
+    let first = send(&app, post_req("/pay", Some(&key), "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let duplicate = send(&app, post_req("/pay", Some(&key), "{}")).await;
+    assert_eq!(
+        duplicate.headers["x-run"], "1",
+        "not a replay: {duplicate:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+/// The network goes silent (nothing is closed, no byte gets through) after the pool handed a
+/// connection out, so the claim's query waits for an answer that never comes. The layer
+/// should still answer within a bounded time: 503, the handler not run.
+///
+/// Ignored because it fails today: nothing bounds a store call once the pool has handed a
+/// connection out. sqlx's `acquire_timeout` covers only the acquire, and the engine sets no
+/// time limit of its own, so the request hangs until the OS gives up on the TCP connection
+/// (minutes). The pool's ping before use (off here, to open the window deterministically)
+/// narrows the window but cannot close it: a stall can also begin mid-query, e.g. during
+/// `complete`, holding the caller's real response hostage.
+#[tokio::test]
+#[ignore = "hangs: the engine puts no time limit on store calls"]
+async fn postgres_stall_after_acquire_answers_503_in_bounded_time() {
+    let Some(pg) = postgres_with(false).await else {
+        return;
+    };
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(pg.store.clone()), runs.clone());
+    // The migration's connection goes back to the pool in the background: wait for it, so the
+    // stall starts after the pool's own traffic.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while pg.store.pool().num_idle() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the migration's connection never went back to the pool");
+
+    pg.proxy.stall();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        send(&app, post_req("/pay", Some(&fresh_key()), "{}")),
+    )
+    .await
+    .expect("no answer within 5 s: the request hangs on a stalled store");
+    assert_store_unavailable(&answer, "1");
+    assert_eq!(runs.count(), 0, "the handler ran without a claim");
+    pg.proxy.restore();
 }
