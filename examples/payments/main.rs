@@ -71,7 +71,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "payments listening on http://{} (payments: memory, idempotency store: {}{})",
         listener.local_addr()?,
         store_name,
-        if config.idempotency_disabled { ", layer DISABLED" } else { "" }
+        if config.idempotency_disabled {
+            ", layer DISABLED"
+        } else {
+            ""
+        }
     );
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
