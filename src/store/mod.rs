@@ -37,11 +37,15 @@ use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 mod error;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlx")]
 mod sql;
 #[cfg(feature = "sqlx")]
 mod table_name;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder};
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};
