@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use super::StoreError;
-use crate::record::{Fingerprint, Token};
+use crate::record::{Fingerprint, Record, Token};
 
 /// Wraps a sqlx error as a typed backend error, keeping it as the source.
 pub(crate) fn backend(backend: &'static str, error: sqlx::Error) -> StoreError {
@@ -36,6 +38,23 @@ pub(crate) fn decode_fingerprint(
                 format!("fingerprint column has {} bytes, expected 32", bytes.len()),
             )
         })
+}
+
+/// Reads a live row of the common SQL layout, where a `NULL` payload means "still in
+/// progress" (a completed record always has a payload, if only an empty one).
+pub(crate) fn decode_record(
+    backend: &'static str,
+    fingerprint: &[u8],
+    payload: Option<Vec<u8>>,
+) -> Result<Record, StoreError> {
+    let fingerprint = decode_fingerprint(backend, fingerprint)?;
+    Ok(match payload {
+        None => Record::InProgress { fingerprint },
+        Some(payload) => Record::Completed {
+            fingerprint,
+            payload: Bytes::from(payload),
+        },
+    })
 }
 
 /// A lease or retention as whole milliseconds for SQL interval arithmetic; refuses durations
