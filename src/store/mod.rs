@@ -39,12 +39,16 @@ mod error;
 mod memory;
 #[cfg(feature = "sqlx")]
 mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 #[cfg(feature = "sqlx")]
 mod table_name;
 
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 #[cfg(feature = "sqlx")]
 pub use table_name::{InvalidTableName, TableName};
 
