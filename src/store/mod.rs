@@ -37,6 +37,8 @@ use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 mod error;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "sqlx")]
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -47,6 +49,8 @@ mod table_name;
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlStore, MySqlStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 #[cfg(feature = "sqlx")]
