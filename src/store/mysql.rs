@@ -297,7 +297,7 @@ impl MySqlStore {
 
     /// Whether `token` holds a live claim on `key` right now.
     async fn holds(&self, key: &StoreKey, token: Token) -> Result<bool, StoreError> {
-        let row: Option<(i32,)> = sqlx::query_as(&self.sql.held)
+        let row = sqlx::query(&self.sql.held)
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
             .bind(&token.to_bytes()[..])
@@ -501,5 +501,46 @@ impl Store for MySqlStore {
             .await
             .map_err(backend)?;
         Ok(result.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The renew fallback only runs on connections without CLIENT_FOUND_ROWS, which sqlx
+    /// cannot open, so the read it relies on is exercised here directly.
+    #[tokio::test]
+    async fn holds_tells_a_live_claim_from_a_stale_token() {
+        let Ok(url) = std::env::var("TEST_MYSQL_URL") else {
+            eprintln!("skipped: TEST_MYSQL_URL is not set");
+            return;
+        };
+        let store = MySqlStore::new(MySqlPool::connect(&url).await.unwrap());
+        store.migrate().await.unwrap();
+        let key = StoreKey::new(Token::random().to_hex(), "k");
+        let fingerprint = Fingerprint::of([b"a".as_slice()]);
+        let ClaimOutcome::Claimed(token) = store
+            .claim(&key, &fingerprint, Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("a fresh key must be claimable");
+        };
+        assert!(store.holds(&key, token).await.unwrap());
+        assert!(!store.holds(&key, Token::random()).await.unwrap());
+        store.release(&key, token).await.unwrap();
+        assert!(!store.holds(&key, token).await.unwrap());
+    }
+
+    #[test]
+    fn durations_and_widths_are_checked_before_reaching_the_server() {
+        assert_eq!(micros(Duration::from_millis(1500)).unwrap(), 1_500_000);
+        assert!(matches!(
+            micros(Duration::from_secs(u64::MAX)),
+            Err(StoreError::Config(_))
+        ));
+        assert!(check_width(&StoreKey::new("s", "k".repeat(MAX_KEY_BYTES))).is_ok());
+        assert!(check_width(&StoreKey::new("s".repeat(MAX_KEY_BYTES + 1), "k")).is_err());
     }
 }
