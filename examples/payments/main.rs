@@ -41,6 +41,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let config = Config::from_env()?;
+    if config.database_url.is_some() || config.redis_url.is_some() {
+        return Err(
+            "DATABASE_URL / REDIS_URL are not supported by this build of the example".into(),
+        );
+    }
 
     let payments: Arc<dyn payments::Payments> = Arc::new(MemoryPayments::default());
     let store = MemoryStore::new();
