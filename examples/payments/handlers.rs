@@ -47,13 +47,20 @@ pub async fn create(State(app): State<App>, body: Bytes) -> Response {
 }
 
 fn parse(body: &[u8]) -> Result<NewPayment, String> {
-    let new: NewPayment = serde_json::from_slice(body)
-        .map_err(|e| format!("expected {{\"amount\": <integer>, \"currency\": \"<ISO 4217 code>\"}}: {e}"))?;
+    let new: NewPayment = serde_json::from_slice(body).map_err(|e| {
+        format!("expected {{\"amount\": <integer>, \"currency\": \"<ISO 4217 code>\"}}: {e}")
+    })?;
     if !(1..=1_000_000).contains(&new.amount) {
-        return Err(format!("amount must be an integer from 1 to 1000000, got {}", new.amount));
+        return Err(format!(
+            "amount must be an integer from 1 to 1000000, got {}",
+            new.amount
+        ));
     }
     if new.currency.len() != 3 || !new.currency.bytes().all(|b| b.is_ascii_uppercase()) {
-        return Err(format!("currency must be 3 uppercase letters, got {:?}", new.currency));
+        return Err(format!(
+            "currency must be 3 uppercase letters, got {:?}",
+            new.currency
+        ));
     }
     Ok(new)
 }

@@ -58,10 +58,19 @@ impl Payments for MemoryPayments {
     }
 
     async fn get(&self, id: &str) -> Result<Option<Payment>, Error> {
-        Ok(self.rows.lock().unwrap_or_else(PoisonError::into_inner).get(id).cloned())
+        Ok(self
+            .rows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned())
     }
 
     async fn charges(&self) -> Result<u64, Error> {
-        Ok(self.rows.lock().unwrap_or_else(PoisonError::into_inner).len() as u64)
+        Ok(self
+            .rows
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len() as u64)
     }
 }

@@ -6,8 +6,12 @@ use tower_idempotency::{problem::Problem, DoNotStore};
 
 pub fn not_found(id: &str) -> Response {
     respond(
-        Problem::new(StatusCode::NOT_FOUND, "urn:payments:not-found", "Payment not found")
-            .detail(format!("no payment with id {id:?}")),
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "urn:payments:not-found",
+            "Payment not found",
+        )
+        .detail(format!("no payment with id {id:?}")),
     )
 }
 
@@ -51,5 +55,8 @@ pub fn internal(error: impl std::fmt::Display) -> Response {
 }
 
 pub fn respond(problem: Problem) -> Response {
-    problem.into_response().map(axum::body::Body::from).into_response()
+    problem
+        .into_response()
+        .map(axum::body::Body::from)
+        .into_response()
 }

@@ -1,0 +1,139 @@
+//! Where the example keeps its data, chosen from `DATABASE_URL` and `REDIS_URL`.
+//!
+//! | `DATABASE_URL` | `REDIS_URL` | payments      | idempotency records |
+//! |----------------|-------------|---------------|---------------------|
+//! | unset          | unset       | memory        | memory              |
+//! | a database     | unset       | that database | that database       |
+//! | any            | set         | as above      | Redis               |
+//!
+//! With a database, payments and idempotency records share ONE pool and one database, so
+//! every process pointed at it sees the same charges and the same keys: several processes
+//! behave as one service.
+
+use std::{str::FromStr, sync::Arc, time::Duration};
+
+use sqlx::{
+    mysql::MySqlPoolOptions,
+    postgres::PgPoolOptions,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+};
+use tower_idempotency::store::{MemoryStore, PostgresStore, Store};
+
+use crate::{
+    config::Config,
+    payments::{MemoryPayments, Payments},
+    sql_payments::SqlPayments,
+};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The two stores the service runs on, migrated and ready.
+pub struct Backends {
+    pub payments: Arc<dyn Payments>,
+    pub idempotency: Arc<dyn Store>,
+    /// For the startup log: `payments: postgres, idempotency: redis`.
+    pub description: String,
+}
+
+pub async fn connect(config: &Config) -> Result<Backends, Error> {
+    let database = match &config.database_url {
+        Some(url) => {
+            let database = open_database(url).await?;
+            database
+                .migrate()
+                .await
+                .map_err(|e| format!("creating the payments tables failed: {e}"))?;
+            Some(database)
+        }
+        None => None,
+    };
+
+    let (idempotency, idempotency_name): (Arc<dyn Store>, &str) =
+        match (&config.redis_url, &database) {
+            (Some(url), _) => (redis_store(url).await?, "redis"),
+            (None, Some(database)) => (sql_store(database).await?, database.database()),
+            (None, None) => (Arc::new(MemoryStore::new()), "memory"),
+        };
+
+    let (payments, payments_name): (Arc<dyn Payments>, &str) = match database {
+        Some(database) => {
+            let name = database.database();
+            (Arc::new(database), name)
+        }
+        None => (Arc::new(MemoryPayments::default()), "memory"),
+    };
+    Ok(Backends {
+        payments,
+        idempotency,
+        description: format!("payments: {payments_name}, idempotency: {idempotency_name}"),
+    })
+}
+
+/// Opens a pool for `url`, choosing the database by the URL's scheme.
+async fn open_database(url: &str) -> Result<SqlPayments, Error> {
+    let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+    let failed = |e: sqlx::Error| format!("cannot connect to DATABASE_URL ({scheme}): {e}");
+    // Fail within seconds when the database is down, rather than sqlx's default 30 s.
+    let acquire_timeout = Duration::from_secs(5);
+    Ok(match scheme {
+        "postgres" | "postgresql" => SqlPayments::Postgres(
+            PgPoolOptions::new()
+                .acquire_timeout(acquire_timeout)
+                .connect(url)
+                .await
+                .map_err(failed)?,
+        ),
+        "mysql" | "mariadb" => SqlPayments::MySql(
+            MySqlPoolOptions::new()
+                .acquire_timeout(acquire_timeout)
+                .connect(url)
+                .await
+                .map_err(failed)?,
+        ),
+        "sqlite" => {
+            // Several processes may share the file: WAL lets readers run beside the one
+            // writer, and the busy timeout makes a writer wait for its turn instead of
+            // failing at once with "database is locked".
+            let options = SqliteConnectOptions::from_str(url)
+                .map_err(failed)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(5));
+            SqlPayments::Sqlite(
+                SqlitePoolOptions::new()
+                    .acquire_timeout(acquire_timeout)
+                    .connect_with(options)
+                    .await
+                    .map_err(failed)?,
+            )
+        }
+        _ => {
+            return Err(format!(
+                "DATABASE_URL must start with postgres://, mysql:// or sqlite://, got {scheme:?}"
+            )
+            .into())
+        }
+    })
+}
+
+/// The idempotency store in the payments database, on the same pool.
+async fn sql_store(database: &SqlPayments) -> Result<Arc<dyn Store>, Error> {
+    let store: Arc<dyn Store> = match database {
+        SqlPayments::Postgres(pool) => {
+            let store = PostgresStore::new(pool.clone());
+            store.migrate().await?;
+            Arc::new(store)
+        }
+        SqlPayments::MySql(_) => return Err(not_available_yet("MySqlStore")),
+        SqlPayments::Sqlite(_) => return Err(not_available_yet("SqliteStore")),
+    };
+    Ok(store)
+}
+
+async fn redis_store(_url: &str) -> Result<Arc<dyn Store>, Error> {
+    Err(not_available_yet("RedisStore"))
+}
+
+fn not_available_yet(store: &str) -> Error {
+    format!("{store} is not available yet in this version of tower-idempotency").into()
+}
