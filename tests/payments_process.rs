@@ -277,10 +277,9 @@ async fn sigterm_lets_the_running_request_finish_and_exits_0() {
 
 /// Two processes started at the same moment (their migrations race) on one database;
 /// 16 copies of each of 10 keys arrive together, spread over both: exactly one charge per key.
-async fn two_processes_are_one_service(shared: Option<Shared>) {
+async fn two_processes_are_one_service(shared: Shared) {
     const KEYS: usize = 10;
     const COPIES: usize = 16;
-    let Some(shared) = shared else { return };
     let launch = Launch::new()
         .envs(&shared.env())
         .env("PAYMENTS_HANDLER_DELAY_MS", 200);
@@ -309,15 +308,12 @@ async fn two_processes_are_one_service(shared: Option<Shared>) {
     );
     assert_eq!(a.charges().await, KEYS as u64);
     assert_eq!(b.charges().await, KEYS as u64);
-    drop((a, b));
-    shared.clean_up().await;
 }
 
 /// Process A claims a key and dies (SIGKILL) in the middle of its handler, before charging.
 /// The same request to process B waits for A's lease to run out, takes the key over and
 /// charges exactly once.
-async fn a_killed_owner_is_taken_over_after_its_lease(shared: Option<Shared>) {
-    let Some(shared) = shared else { return };
+async fn a_killed_owner_is_taken_over_after_its_lease(shared: Shared) {
     let env = shared.env();
     let lease = |launch: Launch| launch.envs(&env).env("IDEMPOTENCY_LEASE_MS", 1_000);
     let (a, b) = tokio::join!(
@@ -367,46 +363,64 @@ async fn a_killed_owner_is_taken_over_after_its_lease(shared: Option<Shared>) {
         "{backend}: exactly one charge"
     );
     assert_eq!(b.charges().await, 1);
-    drop(b);
-    shared.clean_up().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_two_processes_are_one_service() {
-    two_processes_are_one_service(Shared::postgres().await).await;
+    if let Some(shared) = Shared::postgres().await {
+        shared.run(two_processes_are_one_service).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_killed_owner_is_taken_over_after_its_lease() {
-    a_killed_owner_is_taken_over_after_its_lease(Shared::postgres().await).await;
+    if let Some(shared) = Shared::postgres().await {
+        shared
+            .run(a_killed_owner_is_taken_over_after_its_lease)
+            .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_two_processes_are_one_service() {
-    two_processes_are_one_service(Shared::mysql().await).await;
+    if let Some(shared) = Shared::mysql().await {
+        shared.run(two_processes_are_one_service).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_killed_owner_is_taken_over_after_its_lease() {
-    a_killed_owner_is_taken_over_after_its_lease(Shared::mysql().await).await;
+    if let Some(shared) = Shared::mysql().await {
+        shared
+            .run(a_killed_owner_is_taken_over_after_its_lease)
+            .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_two_processes_are_one_service() {
-    two_processes_are_one_service(Some(Shared::sqlite())).await;
+    Shared::sqlite().run(two_processes_are_one_service).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_killed_owner_is_taken_over_after_its_lease() {
-    a_killed_owner_is_taken_over_after_its_lease(Some(Shared::sqlite())).await;
+    Shared::sqlite()
+        .run(a_killed_owner_is_taken_over_after_its_lease)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_two_processes_are_one_service() {
-    two_processes_are_one_service(Shared::redis()).await;
+    if let Some(shared) = Shared::redis() {
+        shared.run(two_processes_are_one_service).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_killed_owner_is_taken_over_after_its_lease() {
-    a_killed_owner_is_taken_over_after_its_lease(Shared::redis()).await;
+    if let Some(shared) = Shared::redis() {
+        shared
+            .run(a_killed_owner_is_taken_over_after_its_lease)
+            .await;
+    }
 }

@@ -17,7 +17,7 @@ mod payments;
 mod problem;
 mod sql_payments;
 
-use std::{sync::Arc, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use axum::{
     routing::{get, post},
@@ -37,7 +37,7 @@ pub struct App {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), backends::Error> {
+async fn main() -> ExitCode {
     // sqlx logs PostgreSQL's "already exists, skipping" notices of every start at INFO.
     let default_filter = "info,sqlx=warn";
     tracing_subscriber::fmt()
@@ -46,6 +46,16 @@ async fn main() -> Result<(), backends::Error> {
                 .unwrap_or_else(|_| default_filter.into()),
         )
         .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("payments stopped: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), backends::Error> {
     let config = Config::from_env()?;
 
     let backends = backends::connect(&config).await?;

@@ -8,8 +8,9 @@
 //! `DATABASE_URL` carries `options=-csearch_path=<schema>`, so every connection of its pool
 //! creates and finds its tables there. No table-prefix setting was needed in the example.
 
-use std::path::PathBuf;
+use std::{future::Future, panic::AssertUnwindSafe, path::PathBuf};
 
+use futures_util::FutureExt;
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use super::unique;
@@ -47,6 +48,7 @@ fn reachable<T>(var: &str, result: Result<T, sqlx::Error>) -> Option<T> {
     }
 }
 
+#[derive(Clone)]
 pub enum Shared {
     Postgres {
         admin: PgPool,
@@ -125,6 +127,16 @@ impl Shared {
         }
     }
 
+    /// Runs `test` on this backend, then drops the schema, database or file, whether the
+    /// test passed or panicked.
+    pub async fn run<F: Future<Output = ()>>(self, test: impl FnOnce(Self) -> F) {
+        let outcome = AssertUnwindSafe(test(self.clone())).catch_unwind().await;
+        self.clean_up().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Self::Postgres { .. } => "postgres",
@@ -184,9 +196,7 @@ impl Shared {
         count.expect("count the charge rows")
     }
 
-    /// Drops the schema, database or file. Skipped when a test fails, which leaves the
-    /// evidence behind (the names start with `payments_process_` / `payments-process-`).
-    pub async fn clean_up(self) {
+    async fn clean_up(self) {
         match self {
             Self::Postgres { admin, schema, .. } => {
                 sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
