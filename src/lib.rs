@@ -1,4 +1,9 @@
-//! placeholder: crate docs come with the layer
+#![doc = include_str!("../README.md")]
+//!
+//! # Crate layout
+//!
+//! Data flows one way: the HTTP face ([`http`]) asks the [`engine`], which asks a
+//! [`store::Store`]. Nothing below [`http`] knows about HTTP; [`record`] holds what is stored.
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![warn(missing_docs)]
 

@@ -50,9 +50,19 @@ impl TableName {
 
     /// A derived identifier such as an index name: `<table>_<suffix>` with any schema
     /// qualifier dropped (index names live in the table's schema).
+    ///
+    /// Databases cut identifiers at 63/64 characters, which would make two long table names
+    /// share an index name; past that length the table part is shortened and a hash of the
+    /// full name keeps it unique.
     pub fn derived(&self, suffix: &str) -> String {
         let bare = self.0.rsplit('.').next().unwrap_or(&self.0);
-        format!("{bare}_{suffix}")
+        let name = format!("{bare}_{suffix}");
+        if name.len() <= 63 {
+            return name;
+        }
+        let hash = crate::record::Fingerprint::of([self.0.as_bytes()]).to_hex();
+        let keep = 63usize.saturating_sub(suffix.len() + 10);
+        format!("{}_{}_{suffix}", &bare[..keep.min(bare.len())], &hash[..8])
     }
 }
 
@@ -111,5 +121,13 @@ mod tests {
             TableName::new("s.t").unwrap().derived("expires_idx"),
             "t_expires_idx"
         );
+        let a = TableName::new(format!("{}a", "x".repeat(62)))
+            .unwrap()
+            .derived("expires_at_idx");
+        let b = TableName::new(format!("{}b", "x".repeat(62)))
+            .unwrap()
+            .derived("expires_at_idx");
+        assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
+        assert_ne!(a, b, "long names must not share an index name");
     }
 }
