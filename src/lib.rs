@@ -12,6 +12,7 @@ pub mod http;
 pub mod problem;
 pub mod record;
 pub mod store;
+pub mod version;
 
 pub use crate::http::{
     is_final_by_default, DoNotStore, IdempotencyLayer, IdempotencyService, Rejection,

@@ -66,6 +66,15 @@ impl TableName {
     }
 }
 
+impl TableName {
+    /// Checks a bare column name (no `schema.` qualifier) by the same rules as one part of a
+    /// table name, so every identifier this crate writes into SQL obeys one rule set.
+    pub(crate) fn check_column(name: &str) -> Result<(), InvalidTableName> {
+        check_part(name).map_err(|reason| invalid(name.to_owned(), reason))?;
+        Ok(())
+    }
+}
+
 impl fmt::Display for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -1,0 +1,224 @@
+//! A TCP proxy in front of a real store server, which a test can cut and restore to play an
+//! outage without touching the server.
+//!
+//! - [`Proxy::cut`] shuts down every live connection at once (the client sees the connection
+//!   closed on its next read or write) and, until [`Proxy::restore`], accepts new connections
+//!   only to close them straight away. The port stays bound, so the client's pool keeps its
+//!   address and reconnects by itself once the proxy forwards again.
+//! - [`Proxy::stall`] plays a network that stops answering: connections stay open, but no
+//!   byte crosses the proxy (nor does a new connection get through) until
+//!   [`Proxy::restore`]. A client only notices through its own timeouts.
+//! - Connections turned away while cut are counted, so a test can prove that the client really
+//!   tried (and failed) to reach the store, rather than trusting a timing.
+#![allow(dead_code)]
+
+use std::{
+    collections::HashMap,
+    io,
+    net::{Shutdown, SocketAddr},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+        TcpListener, TcpStream,
+    },
+    sync::{watch, Notify},
+};
+
+/// A handle on the proxy; clones share it. Dropping handles does not stop it: its tasks end
+/// with the test's runtime.
+#[derive(Clone)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+}
+
+struct Inner {
+    upstream: (String, u16),
+    state: Mutex<State>,
+    /// Signalled on every connection turned away.
+    turned_away: Notify,
+    /// `false` while stalled: bytes read are held until it turns `true`.
+    flowing: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct State {
+    cut: bool,
+    next_id: u64,
+    /// Both sockets of every forwarded connection, as `std` clones so `cut` can shut them
+    /// down synchronously, whatever their forwarding task is doing.
+    live: HashMap<u64, [std::net::TcpStream; 2]>,
+    turned_away: usize,
+}
+
+impl Proxy {
+    /// Listens on `127.0.0.1:0` and forwards each connection to `host:port`.
+    pub async fn start(host: &str, port: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let addr = listener.local_addr().expect("the proxy's address");
+        let inner = Arc::new(Inner {
+            upstream: (host.to_owned(), port),
+            state: Mutex::default(),
+            turned_away: Notify::new(),
+            flowing: watch::Sender::new(true),
+        });
+        tokio::spawn(accept_loop(listener, inner.clone()));
+        Proxy { inner, addr }
+    }
+
+    /// Where clients should connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes every live connection and turns new ones away until [`restore`](Self::restore).
+    /// Takes effect before it returns: no byte is forwarded after it.
+    pub fn cut(&self) {
+        let mut state = self.inner.lock();
+        state.cut = true;
+        for (_, sockets) in state.live.drain() {
+            for socket in sockets {
+                // Already closed by the peer is fine: it is down either way.
+                let _ = socket.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// Holds every byte in both directions, on live and new connections alike, until
+    /// [`restore`](Self::restore): a network that went silent, with no connection closed.
+    pub fn stall(&self) {
+        self.inner.flowing.send_replace(false);
+    }
+
+    /// Forwards again, after a [`cut`](Self::cut) or a [`stall`](Self::stall).
+    pub fn restore(&self) {
+        self.inner.lock().cut = false;
+        self.inner.flowing.send_replace(true);
+    }
+
+    /// How many connections were turned away while cut.
+    pub fn turned_away(&self) -> usize {
+        self.inner.lock().turned_away
+    }
+
+    /// Waits until at least `n` connections have been turned away in total; panics after
+    /// `limit`.
+    pub async fn wait_turned_away(&self, n: usize, limit: Duration) {
+        let waited = tokio::time::timeout(limit, async {
+            loop {
+                let notified = self.inner.turned_away.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.turned_away() >= n {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "the proxy turned away {} connections within {limit:?}, expected {n}",
+            self.turned_away()
+        );
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            // EMFILE and friends: give the system a moment rather than spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        if inner.lock().cut {
+            turn_away(&inner, client);
+            continue;
+        }
+        tokio::spawn(forward(client, inner.clone()));
+    }
+}
+
+fn turn_away(inner: &Inner, client: TcpStream) {
+    drop(client);
+    inner.lock().turned_away += 1;
+    inner.turned_away.notify_waiters();
+}
+
+async fn forward(client: TcpStream, inner: Arc<Inner>) {
+    let (host, port) = &inner.upstream;
+    let Ok(server) = TcpStream::connect((host.as_str(), *port)).await else {
+        return; // The client sees its connection closed, as if the server were down.
+    };
+    let Ok((client, server, id)) = register(&inner, client, server) else {
+        return;
+    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::join!(
+        pump(client_read, server_write, &inner),
+        pump(server_read, client_write, &inner),
+    );
+    inner.lock().live.remove(&id);
+}
+
+/// Copies one direction until either side closes, holding the bytes while stalled.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, inner: &Inner) {
+    let mut flowing = inner.flowing.subscribe();
+    let mut buffer = vec![0; 16 * 1024];
+    loop {
+        let read = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        if flowing.wait_for(|flowing| *flowing).await.is_err()
+            || to.write_all(&buffer[..read]).await.is_err()
+        {
+            break;
+        }
+    }
+    // Pass the half-close on, so the other side sees the end of the stream.
+    let _ = to.shutdown().await;
+}
+
+/// Records the connection's sockets so `cut` can reach them — unless a cut came first, in
+/// which case the connection is turned away. Checked under the same lock `cut` takes, so a
+/// connection is either shut down by the cut or never forwards a byte after it.
+fn register(
+    inner: &Inner,
+    client: TcpStream,
+    server: TcpStream,
+) -> io::Result<(TcpStream, TcpStream, u64)> {
+    let client = client.into_std()?;
+    let server = server.into_std()?;
+    let clones = [client.try_clone()?, server.try_clone()?];
+    let mut state = inner.lock();
+    if state.cut {
+        drop(state);
+        drop(server);
+        turn_away(inner, TcpStream::from_std(client)?);
+        return Err(io::ErrorKind::ConnectionAborted.into());
+    }
+    let id = state.next_id;
+    state.next_id += 1;
+    state.live.insert(id, clones);
+    drop(state);
+    Ok((
+        TcpStream::from_std(client)?,
+        TcpStream::from_std(server)?,
+        id,
+    ))
+}
