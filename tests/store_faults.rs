@@ -385,23 +385,18 @@ async fn postgres_silent_network_answers_503_within_the_acquire_timeout() {
 }
 
 /// The network goes silent (nothing is closed, no byte gets through) after the pool handed a
-/// connection out, so the claim's query waits for an answer that never comes. The layer
-/// should still answer within a bounded time: 503, the handler not run.
-///
-/// Ignored because it fails today: nothing bounds a store call once the pool has handed a
-/// connection out. sqlx's `acquire_timeout` covers only the acquire, and the engine sets no
-/// time limit of its own, so the request hangs until the OS gives up on the TCP connection
-/// (minutes). The pool's ping before use (off here, to open the window deterministically)
-/// narrows the window but cannot close it: a stall can also begin mid-query, e.g. during
-/// `complete`, holding the caller's real response hostage.
+/// connection out, so the claim's query waits for an answer that never comes. sqlx's
+/// `acquire_timeout` does not cover this; the engine's per-call `store_timeout` does: 503,
+/// the handler not run. (The pool's ping before use is off here to open the window
+/// deterministically.)
 #[tokio::test]
-#[ignore = "hangs: the engine puts no time limit on store calls"]
 async fn postgres_stall_after_acquire_answers_503_in_bounded_time() {
     let Some(pg) = postgres_with(false).await else {
         return;
     };
     let runs = Runs::default();
-    let app = app(IdempotencyLayer::new(pg.store.clone()), runs.clone());
+    let layer = IdempotencyLayer::new(pg.store.clone()).store_timeout(Duration::from_millis(500));
+    let app = app(layer, runs.clone());
     // The migration's connection goes back to the pool in the background: wait for it, so the
     // stall starts after the pool's own traffic.
     tokio::time::timeout(Duration::from_secs(5), async {

@@ -50,10 +50,13 @@ impl Claim {
             let every = self.engine.config.renew_every();
             loop {
                 tokio::time::sleep(every).await;
-                match self
-                    .engine
-                    .store
-                    .renew(&self.key, self.token, self.engine.config.lease)
+                let engine = &self.engine;
+                match engine
+                    .bounded(
+                        engine
+                            .store
+                            .renew(&self.key, self.token, engine.config.lease),
+                    )
                     .await
                 {
                     Ok(()) => tracing::trace!(key = %self.key.log_id(), "lease renewed"),

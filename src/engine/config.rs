@@ -32,6 +32,8 @@ pub(crate) struct EngineConfig {
     pub(crate) retry_after: Duration,
     /// How many times a failed `complete` is attempted before the outcome is given up on.
     pub(crate) complete_attempts: u32,
+    /// The longest one store call may take before it counts as failed.
+    pub(crate) store_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +47,7 @@ impl Default for EngineConfig {
             poll: (Duration::from_millis(5), Duration::from_millis(250)),
             retry_after: Duration::from_secs(1),
             complete_attempts: 4,
+            store_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -128,6 +128,25 @@ impl Engine {
         self
     }
 
+    /// The longest a single store call may take (default 5 s). Past it the call counts as a
+    /// store failure: a claim answers "unavailable" (HTTP 503) instead of hanging on a
+    /// network that went silent, and a `complete` is retried.
+    pub fn store_timeout(mut self, limit: Duration) -> Self {
+        Arc::make_mut(&mut self.config).store_timeout = limit;
+        self
+    }
+
+    /// Runs one store call under the engine's time limit.
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let after = self.config.store_timeout;
+        tokio::time::timeout(after, call)
+            .await
+            .unwrap_or(Err(StoreError::Timeout { after }))
+    }
+
     /// The store this engine uses.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
@@ -190,8 +209,7 @@ impl Engine {
         fingerprint: &Fingerprint,
     ) -> Result<Option<Begin>, EngineError> {
         let outcome = self
-            .store
-            .claim(key, fingerprint, self.config.lease)
+            .bounded(self.store.claim(key, fingerprint, self.config.lease))
             .await
             .map_err(|source| self.unavailable(key, source))?;
         match outcome {
@@ -246,8 +264,7 @@ impl Engine {
             woken.as_mut().enable();
 
             let found = self
-                .store
-                .lookup(&key)
+                .bounded(self.store.lookup(&key))
                 .await
                 .map_err(|e| self.unavailable(&key, e))?;
             let decided = match found {
@@ -298,7 +315,7 @@ impl Engine {
     {
         let mut attempt = 0;
         loop {
-            match write().await {
+            match self.bounded(write()).await {
                 Ok(()) => return Ok(()),
                 Err(StoreError::StaleToken) => {
                     tracing::error!(key = %key.log_id(), what, "fenced write refused: the lease ran out and the key was taken over");

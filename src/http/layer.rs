@@ -223,6 +223,11 @@ impl IdempotencyLayer {
         self.with_engine(|e| e.in_progress(policy))
     }
 
+    /// See [`Engine::store_timeout`] (default 5 s).
+    pub fn store_timeout(self, limit: Duration) -> Self {
+        self.with_engine(|e| e.store_timeout(limit))
+    }
+
     /// See [`Engine::retry_after`].
     pub fn retry_after(self, delay: Duration) -> Self {
         self.with_engine(|e| e.retry_after(delay))

@@ -21,6 +21,15 @@ pub enum StoreError {
         source: BoxError,
     },
 
+    /// The store did not answer within the engine's time limit (a network that went silent,
+    /// a stuck server). The operation may or may not have taken effect; an unanswered claim
+    /// that did commit ends with its lease, like the claim of an owner that died.
+    #[error("the idempotency store did not answer within {after:?}; check that it is reachable")]
+    Timeout {
+        /// The limit that passed.
+        after: std::time::Duration,
+    },
+
     /// A stored record could not be decoded: it was written by something else or is damaged.
     #[error("the {backend} idempotency store holds a record it cannot read: {detail}")]
     Corrupt {

@@ -39,11 +39,15 @@ mod error;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlx")]
 mod sql;
 #[cfg(feature = "sqlx")]
 mod table_name;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder};
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};
