@@ -17,7 +17,7 @@ use sqlx::{
     postgres::PgPoolOptions,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
 };
-use tower_idempotency::store::{MemoryStore, PostgresStore, Store};
+use tower_idempotency::store::{MemoryStore, PostgresStore, RedisStore, Store};
 
 use crate::{
     config::Config,
@@ -130,8 +130,12 @@ async fn sql_store(database: &SqlPayments) -> Result<Arc<dyn Store>, Error> {
     Ok(store)
 }
 
-async fn redis_store(_url: &str) -> Result<Arc<dyn Store>, Error> {
-    Err(not_available_yet("RedisStore"))
+/// Redis keeps the records itself (keys expire with `PX`): nothing to migrate.
+async fn redis_store(url: &str) -> Result<Arc<dyn Store>, Error> {
+    let store = RedisStore::open(url)
+        .await
+        .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?;
+    Ok(Arc::new(store))
 }
 
 fn not_available_yet(store: &str) -> Error {
