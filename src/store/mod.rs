@@ -41,8 +41,12 @@ mod memory;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "sqlx")]
 mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 #[cfg(feature = "sqlx")]
 mod table_name;
 
@@ -53,6 +57,10 @@ pub use error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlStore, MySqlStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 #[cfg(feature = "sqlx")]
 pub use table_name::{InvalidTableName, TableName};
 
