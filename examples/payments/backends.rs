@@ -15,9 +15,11 @@ use std::{str::FromStr, sync::Arc, time::Duration};
 use sqlx::{
     mysql::MySqlPoolOptions,
     postgres::PgPoolOptions,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+    sqlite::{SqliteConnectOptions, SqlitePoolOptions},
 };
-use tower_idempotency::store::{MemoryStore, PostgresStore, RedisStore, Store};
+use tower_idempotency::store::{
+    MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore, Store,
+};
 
 use crate::{
     config::Config,
@@ -91,14 +93,11 @@ async fn open_database(url: &str) -> Result<SqlPayments, Error> {
                 .map_err(failed)?,
         ),
         "sqlite" => {
-            // Several processes may share the file: WAL lets readers run beside the one
-            // writer, and the busy timeout makes a writer wait for its turn instead of
-            // failing at once with "database is locked".
-            let options = SqliteConnectOptions::from_str(url)
-                .map_err(failed)?
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(5));
+            // Several processes may share the file. The store's settings (WAL, so readers
+            // run beside the one writer; a busy timeout, so a writer waits for its turn
+            // instead of failing with "database is locked") suit the payments tables too.
+            let options =
+                SqliteStore::durable_options(SqliteConnectOptions::from_str(url).map_err(failed)?);
             SqlPayments::Sqlite(
                 SqlitePoolOptions::new()
                     .acquire_timeout(acquire_timeout)
@@ -118,14 +117,23 @@ async fn open_database(url: &str) -> Result<SqlPayments, Error> {
 
 /// The idempotency store in the payments database, on the same pool.
 async fn sql_store(database: &SqlPayments) -> Result<Arc<dyn Store>, Error> {
+    // Each `migrate` is idempotent and safe when several processes start at once.
     let store: Arc<dyn Store> = match database {
         SqlPayments::Postgres(pool) => {
             let store = PostgresStore::new(pool.clone());
             store.migrate().await?;
             Arc::new(store)
         }
-        SqlPayments::MySql(_) => return Err(not_available_yet("MySqlStore")),
-        SqlPayments::Sqlite(_) => return Err(not_available_yet("SqliteStore")),
+        SqlPayments::MySql(pool) => {
+            let store = MySqlStore::new(pool.clone());
+            store.migrate().await?;
+            Arc::new(store)
+        }
+        SqlPayments::Sqlite(pool) => {
+            let store = SqliteStore::new(pool.clone());
+            store.migrate().await?;
+            Arc::new(store)
+        }
     };
     Ok(store)
 }
@@ -136,8 +144,4 @@ async fn redis_store(url: &str) -> Result<Arc<dyn Store>, Error> {
         .await
         .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?;
     Ok(Arc::new(store))
-}
-
-fn not_available_yet(store: &str) -> Error {
-    format!("{store} is not available yet in this version of tower-idempotency").into()
 }
