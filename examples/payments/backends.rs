@@ -16,6 +16,7 @@ use sqlx::{
     mysql::MySqlPoolOptions,
     postgres::PgPoolOptions,
     sqlite::{SqliteConnectOptions, SqlitePoolOptions},
+    SqlitePool,
 };
 use tower_idempotency::store::{
     MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore, Store,
@@ -99,9 +100,7 @@ async fn open_database(url: &str) -> Result<SqlPayments, Error> {
             let options =
                 SqliteStore::durable_options(SqliteConnectOptions::from_str(url).map_err(failed)?);
             SqlPayments::Sqlite(
-                SqlitePoolOptions::new()
-                    .acquire_timeout(acquire_timeout)
-                    .connect_with(options)
+                connect_sqlite(options, acquire_timeout)
                     .await
                     .map_err(failed)?,
             )
@@ -113,6 +112,33 @@ async fn open_database(url: &str) -> Result<SqlPayments, Error> {
             .into())
         }
     })
+}
+
+/// Opens a SQLite pool, retrying for a moment when another process is switching a brand-new
+/// file to WAL mode: that switch takes a lock nobody can wait for (the busy timeout does not
+/// apply), so a process starting at the same instant fails with "database is locked"
+/// (`SQLITE_BUSY`, code 5). Once the file is in WAL mode, which is permanent, this cannot
+/// happen again.
+async fn connect_sqlite(
+    options: SqliteConnectOptions,
+    acquire_timeout: Duration,
+) -> Result<SqlitePool, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        let result = SqlitePoolOptions::new()
+            .acquire_timeout(acquire_timeout)
+            .connect_with(options.clone())
+            .await;
+        match result {
+            Err(sqlx::Error::Database(error))
+                if error.code().as_deref() == Some("5") && attempt < 10 =>
+            {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// The idempotency store in the payments database, on the same pool.
