@@ -301,6 +301,15 @@ async fn two_processes_are_one_service(shared: Shared) {
         .map(|replies| payment_id(one_created(replies)))
         .collect();
     assert_eq!(ids.len(), KEYS, "{backend}: one payment per key");
+    // Either process reads every payment: they live in the shared database.
+    for replies in &results {
+        let location = replies[0].header(header::LOCATION).expect("Location");
+        for server in [&a, &b] {
+            let read = server.get(location).await;
+            assert_eq!(read.status, StatusCode::OK, "{backend}: GET {location}");
+            assert_eq!(read.json(), replies[0].json());
+        }
+    }
     assert_eq!(
         shared.charge_rows().await,
         KEYS as i64,

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --example payments
 //! DATABASE_URL=postgres://root@127.0.0.1/test cargo run --example payments
+//! DATABASE_URL=sqlite://payments.db REDIS_URL=redis://127.0.0.1:6379 cargo run --example payments
 //! curl -i localhost:3000/payments -H 'Idempotency-Key: 4f1c' -H 'Authorization: Bearer alice' \
 //!      -d '{"amount": 1200, "currency": "EUR"}'
 //! ```
