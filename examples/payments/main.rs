@@ -1,7 +1,9 @@
 //! `payments`: a small axum service that charges cards, safe to retry.
 //!
 //! ```text
-//! cargo run --example payments --features axum
+//! cargo run --example payments
+//! DATABASE_URL=postgres://root@127.0.0.1/test cargo run --example payments
+//! DATABASE_URL=sqlite://payments.db REDIS_URL=redis://127.0.0.1:6379 cargo run --example payments
 //! curl -i localhost:3000/payments -H 'Idempotency-Key: 4f1c' -H 'Authorization: Bearer alice' \
 //!      -d '{"amount": 1200, "currency": "EUR"}'
 //! ```
@@ -9,20 +11,22 @@
 //! The contract (routes, environment, statuses) is in `shared/payments-example.md`; the
 //! environment variables are read in `config.rs`.
 
+mod backends;
 mod config;
 mod handlers;
 mod payments;
 mod problem;
+mod sql_payments;
 
-use std::sync::Arc;
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use axum::{
     routing::{get, post},
     Router,
 };
-use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+use tower_idempotency::{store::Store, IdempotencyLayer};
 
-use crate::{config::Config, payments::MemoryPayments};
+use crate::config::Config;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -34,12 +38,25 @@ pub struct App {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    // sqlx logs PostgreSQL's "already exists, skipping" notices of every start at INFO.
+    let default_filter = "info,sqlx=warn";
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("payments stopped: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), backends::Error> {
     let config = Config::from_env()?;
     if config.database_url.is_some() || config.redis_url.is_some() {
         return Err(
@@ -47,17 +64,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    let payments: Arc<dyn payments::Payments> = Arc::new(MemoryPayments::default());
-    let store = MemoryStore::new();
-    let store_name = "memory";
+    let backends = backends::connect(&config).await?;
+    let purger = tokio::spawn(purge_expired(backends.idempotency.clone()));
 
-    let idempotency = IdempotencyLayer::new(store)
+    let idempotency = IdempotencyLayer::new(backends.idempotency)
         .lease(config.lease)
         .retention(config.retention)
         .enabled(!config.idempotency_disabled);
 
     let app = App {
-        payments,
+        payments: backends.payments,
         config: Arc::new(config.clone()),
         create_calls: Arc::default(),
     };
@@ -73,11 +89,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(&config.bind).await?;
     tracing::info!(
-        "payments listening on http://{} (payments: memory, idempotency store: {}{})",
+        "payments listening on http://{} ({}{})",
         listener.local_addr()?,
-        store_name,
+        backends.description,
         if config.idempotency_disabled {
-            ", layer DISABLED"
+            ", idempotency layer DISABLED"
         } else {
             ""
         }
@@ -85,7 +101,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    purger.abort();
     Ok(())
+}
+
+/// Expired records are harmless (they count as absent) but take space, so once a minute
+/// this deletes them in short batches. Each process runs its own purge.
+async fn purge_expired(store: Arc<dyn Store>) {
+    const BATCH: u32 = 1_000;
+    let mut ticks = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        ticks.tick().await;
+        loop {
+            match store.purge_expired(BATCH).await {
+                Ok(purged) if purged == u64::from(BATCH) => continue,
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "purging expired idempotency records failed");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM, so in-flight requests finish before the process exits.
