@@ -24,7 +24,7 @@ use axum::{
     routing::{get, post},
     Router,
 };
-use tower_idempotency::{store::Store, IdempotencyLayer};
+use tower_idempotency::{store::spawn_purger, IdempotencyLayer};
 
 use crate::config::Config;
 
@@ -58,14 +58,11 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), backends::Error> {
     let config = Config::from_env()?;
-    if config.database_url.is_some() || config.redis_url.is_some() {
-        return Err(
-            "DATABASE_URL / REDIS_URL are not supported by this build of the example".into(),
-        );
-    }
 
     let backends = backends::connect(&config).await?;
-    let purger = tokio::spawn(purge_expired(backends.idempotency.clone()));
+    // Expired records are harmless (they count as absent) but take space: delete them once
+    // a minute in short batches. Each process runs its own purger.
+    let purger = spawn_purger(backends.idempotency.clone(), Duration::from_secs(60), 1_000);
 
     let idempotency = IdempotencyLayer::new(backends.idempotency)
         .lease(config.lease)
@@ -83,7 +80,14 @@ async fn run() -> Result<(), backends::Error> {
             "/payments",
             post(handlers::create).layer(idempotency.clone().require_key()),
         )
-        .route("/payments/{id}", get(handlers::read))
+        // A state transition may carry a key (optional): a retried PATCH replays its first
+        // answer even though its If-Match has gone stale meanwhile.
+        .route(
+            "/payments/{id}",
+            get(handlers::read)
+                .patch(handlers::update)
+                .layer(idempotency.clone()),
+        )
         .route("/stats", get(handlers::stats))
         .with_state(app);
 
@@ -103,26 +107,6 @@ async fn run() -> Result<(), backends::Error> {
         .await?;
     purger.abort();
     Ok(())
-}
-
-/// Expired records are harmless (they count as absent) but take space, so once a minute
-/// this deletes them in short batches. Each process runs its own purge.
-async fn purge_expired(store: Arc<dyn Store>) {
-    const BATCH: u32 = 1_000;
-    let mut ticks = tokio::time::interval(Duration::from_secs(60));
-    loop {
-        ticks.tick().await;
-        loop {
-            match store.purge_expired(BATCH).await {
-                Ok(purged) if purged == u64::from(BATCH) => continue,
-                Ok(_) => break,
-                Err(error) => {
-                    tracing::warn!(%error, "purging expired idempotency records failed");
-                    break;
-                }
-            }
-        }
-    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM, so in-flight requests finish before the process exits.

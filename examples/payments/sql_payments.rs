@@ -10,8 +10,11 @@
 //! pool this is (the `with_pool!` macro); only the placeholder style differs between
 //! databases (`$1` on PostgreSQL, `?` on MySQL and SQLite), hence two texts per query.
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use sqlx::{MySqlPool, PgPool, SqlitePool};
+use tower_idempotency::version::{Expected, VersionedTable, VersionedUpdate};
 
 use crate::payments::{new_id, Error, Payment, Payments};
 
@@ -61,6 +64,11 @@ const SELECT_PAYMENT: Sql = Sql {
 };
 
 const COUNT_CHARGES: &str = "SELECT COUNT(*) FROM charges";
+
+/// The `payments` table as a versioned table: `id` identifies a row, `version` is checked
+/// and bumped by every update.
+static PAYMENTS: LazyLock<VersionedTable> =
+    LazyLock::new(|| VersionedTable::new("payments", "id", "version").expect("valid identifiers"));
 
 /// A pool for one of the three databases.
 #[derive(Clone, Debug)]
@@ -180,6 +188,23 @@ impl Payments for SqlPayments {
             status,
             version,
         }))
+    }
+
+    async fn set_status(
+        &self,
+        id: &str,
+        expected: Expected,
+        status: &str,
+    ) -> Result<VersionedUpdate<Payment>, Error> {
+        // One UPDATE .. SET status = ?, version = version + 1 WHERE id = ? AND version IN (..).
+        let outcome = with_pool!(self, pool => {
+            PAYMENTS
+                .update_if_version_returning(pool, id, expected, |set| {
+                    set.value("status", status.to_owned());
+                })
+                .await?
+        });
+        Ok(outcome)
     }
 
     async fn charges(&self) -> Result<u64, Error> {
