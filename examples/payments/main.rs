@@ -69,6 +69,9 @@ async fn run() -> Result<(), backends::Error> {
         .retention(config.retention)
         .enabled(!config.idempotency_disabled);
 
+    // Kept to wait for detached handlers at shutdown.
+    let engine = idempotency.engine().clone();
+
     let app = App {
         payments: backends.payments,
         config: Arc::new(config.clone()),
@@ -105,6 +108,17 @@ async fn run() -> Result<(), backends::Error> {
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    // Handlers whose clients hung up run on, detached: let them finish and record their
+    // outcome, rather than leave their keys claimed until the lease runs out.
+    if tokio::time::timeout(Duration::from_secs(30), engine.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            in_flight = engine.in_flight(),
+            "shut down with handlers still running"
+        );
+    }
     purger.abort();
     Ok(())
 }

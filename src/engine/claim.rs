@@ -2,7 +2,7 @@ use std::{future::Future, time::Duration};
 
 use bytes::Bytes;
 
-use super::Engine;
+use super::{in_flight::InFlightGuard, Engine};
 use crate::{
     record::{StoreKey, Token},
     store::StoreError,
@@ -20,15 +20,24 @@ pub struct Claim {
     key: StoreKey,
     token: Token,
     settled: bool,
+    /// Counts this claim as in flight until it is completed or released (see
+    /// [`Engine::drained`]).
+    in_flight: Option<InFlightGuard>,
 }
 
 impl Claim {
-    pub(super) fn new(engine: Engine, key: StoreKey, token: Token) -> Self {
+    pub(super) fn new(
+        engine: Engine,
+        key: StoreKey,
+        token: Token,
+        in_flight: InFlightGuard,
+    ) -> Self {
         Self {
             engine,
             key,
             token,
             settled: false,
+            in_flight: Some(in_flight),
         }
     }
 
@@ -120,11 +129,14 @@ impl Drop for Claim {
             return;
         }
         let (engine, key, token) = (self.engine.clone(), self.key.clone(), self.token);
+        let in_flight = self.in_flight.take();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 tracing::debug!(key = %key.log_id(), "claim dropped unfinished; releasing it");
                 runtime.spawn(async move {
                     let _ = release(&engine, &key, token).await;
+                    // Still in flight until the release is done.
+                    drop(in_flight);
                 });
             }
             // Without a runtime nothing can run the release; the lease ends the claim.

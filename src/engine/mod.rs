@@ -32,6 +32,7 @@
 mod claim;
 mod config;
 mod error;
+mod in_flight;
 mod waiters;
 
 use std::{future::Future, sync::Arc, time::Duration};
@@ -56,6 +57,7 @@ pub struct Engine {
     store: Arc<dyn Store>,
     config: Arc<EngineConfig>,
     waiters: Arc<waiters::Waiters>,
+    in_flight: Arc<in_flight::InFlight>,
 }
 
 /// What [`Engine::begin`] decided.
@@ -99,6 +101,7 @@ impl Engine {
             store,
             config: Arc::default(),
             waiters: Arc::default(),
+            in_flight: Arc::default(),
         }
     }
 
@@ -145,6 +148,27 @@ impl Engine {
         tokio::time::timeout(after, call)
             .await
             .unwrap_or(Err(StoreError::Timeout { after }))
+    }
+
+    /// How many claims this engine (and its clones) holds right now: operations running, or
+    /// finishing their store write.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.count()
+    }
+
+    /// Resolves once no claim is in flight: every running operation has completed or released
+    /// its key. Await it after the server stopped accepting requests, so handlers that were
+    /// detached from disconnected clients finish and record their outcome before the process
+    /// exits (instead of leaving their keys claimed until the lease runs out).
+    ///
+    /// ```
+    /// # async fn shutdown(engine: tower_idempotency::Engine) {
+    /// // after axum::serve(..).with_graceful_shutdown(..) returned:
+    /// let _ = tokio::time::timeout(std::time::Duration::from_secs(30), engine.drained()).await;
+    /// # }
+    /// ```
+    pub async fn drained(&self) {
+        self.in_flight.idle().await
     }
 
     /// The store this engine uses.
@@ -215,11 +239,9 @@ impl Engine {
         match outcome {
             ClaimOutcome::Claimed(token) => {
                 tracing::debug!(key = %key.log_id(), "claimed");
-                Ok(Some(Begin::Run(Claim::new(
-                    self.clone(),
-                    key.clone(),
-                    token,
-                ))))
+                let in_flight = self.in_flight.enter();
+                let claim = Claim::new(self.clone(), key.clone(), token, in_flight);
+                Ok(Some(Begin::Run(claim)))
             }
             ClaimOutcome::Existing(record) => self.existing(key, fingerprint, record),
         }

@@ -1,0 +1,69 @@
+//! Graceful shutdown: `Engine::drained` waits until every claim is completed or released.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode},
+};
+use common::{app, send, Runs};
+use tower_idempotency::{store::MemoryStore, IdempotencyLayer, InProgressPolicy};
+
+fn slow_post(key: &str, delay_ms: u64) -> Request<Body> {
+    Request::post("/pay")
+        .header("idempotency-key", key)
+        .header("x-delay-ms", delay_ms.to_string())
+        .body(Body::from("{}"))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_waits_for_a_detached_handler_to_record_its_outcome() {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new()).in_progress(InProgressPolicy::Reject);
+    let engine = layer.engine().clone();
+    let app = app(layer, runs.clone());
+    // Nothing held: drained at once.
+    tokio::time::timeout(Duration::from_secs(1), engine.drained())
+        .await
+        .expect("idle engine");
+
+    // The client hangs up after 50 ms; the detached handler needs 400 ms.
+    let cut =
+        tokio::time::timeout(Duration::from_millis(50), send(&app, slow_post("k", 400))).await;
+    assert!(cut.is_err());
+    assert_eq!(
+        engine.in_flight(),
+        1,
+        "the detached handler still holds its claim"
+    );
+
+    tokio::time::timeout(Duration::from_secs(5), engine.drained())
+        .await
+        .expect("drained must resolve once the handler finished");
+    assert_eq!(engine.in_flight(), 0);
+    assert_eq!(runs.count(), 1);
+    // Recorded, not merely finished: a duplicate (which would get 409 while in progress,
+    // under this policy) gets the stored 201.
+    let duplicate = send(&app, slow_post("k", 400)).await;
+    assert_eq!(duplicate.status, StatusCode::CREATED);
+    assert_eq!(runs.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_claim_is_no_longer_in_flight() {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new()).detach(false);
+    let engine = layer.engine().clone();
+    let app = app(layer, runs.clone());
+    let cut =
+        tokio::time::timeout(Duration::from_millis(50), send(&app, slow_post("k", 400))).await;
+    assert!(cut.is_err());
+    // The dropped claim releases itself in the background, and counts until it has.
+    tokio::time::timeout(Duration::from_secs(5), engine.drained())
+        .await
+        .expect("a dropped claim must be released and counted out");
+    assert_eq!(engine.in_flight(), 0);
+}
