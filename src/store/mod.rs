@@ -37,12 +37,16 @@ use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 mod error;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sqlx")]
 mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 #[cfg(feature = "sqlx")]
 mod table_name;
 
@@ -51,8 +55,12 @@ pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder};
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlStore, MySqlStoreBuilder};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 #[cfg(feature = "sqlx")]
 pub use table_name::{InvalidTableName, TableName};
 

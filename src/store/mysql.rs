@@ -1,0 +1,546 @@
+//! The MySQL / MariaDB store (feature `mysql`), on a sqlx [`MySqlPool`]. Tested against
+//! MariaDB 10.11; needs InnoDB and MySQL 5.7+ or MariaDB 10.3+.
+//!
+//! The schema, the affected-rows handling and the clock are documented on [`MySqlStore`].
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sqlx::mysql::{MySqlDatabaseError, MySqlPool, MySqlQueryResult};
+
+use super::{sql, InvalidTableName, Store, StoreError, TableName};
+use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
+
+const BACKEND: &str = "mysql";
+const DEFAULT_TABLE: &str = "tower_idempotency_records";
+const NOW: &str = "UTC_TIMESTAMP(3)";
+
+/// The width of the scope and key columns, in bytes.
+const MAX_KEY_BYTES: usize = 1020;
+
+/// How often a claim retries: after a deadlock (InnoDB rolls the victim's statement back, so
+/// a retry is clean), or when the row it lost to vanished before it could be read.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// `DATETIME` ends in year 9999; an interval past it yields `NULL`. Refuse absurd durations
+/// with a clear error instead of a server error about a NULL column.
+const MAX_DURATION: Duration = Duration::from_secs(1000 * 366 * 24 * 3600);
+
+/// InnoDB's "Deadlock found when trying to get lock".
+const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// A [`Store`] in a MySQL or MariaDB table, on a sqlx [`MySqlPool`]. Clones share the pool.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency::store::MySqlStore;
+///
+/// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/app").await?;
+/// let store = MySqlStore::new(pool);
+/// store.migrate().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Schema
+///
+/// [`MySqlStore::migrate`] runs the following (shown for the default table; the exact text
+/// for a store is [`MySqlStore::schema_sql`]). It is one idempotent statement, so you may also
+/// copy it into your own migrations. The crate never touches sqlx's `_sqlx_migrations` table.
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS tower_idempotency_records (
+///     scope       VARBINARY(1020) NOT NULL,
+///     `key`       VARBINARY(1020) NOT NULL,
+///     fingerprint BINARY(32)      NOT NULL,
+///     token       BINARY(16)      NULL,     -- NULL once completed
+///     payload     LONGBLOB        NULL,     -- NULL while in progress
+///     expires_at  DATETIME(3)     NOT NULL, -- UTC: lease end, then retention end
+///     PRIMARY KEY (scope, `key`),
+///     INDEX idx_expires_at (expires_at)
+/// ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
+/// ```
+///
+/// Scope and key are byte strings compared byte for byte: a `VARCHAR` with a `_bin`
+/// collation would still ignore trailing spaces (PAD SPACE) on MariaDB and MySQL 5.7, making
+/// `"k"` and `"k "` one record. 1020 bytes hold 255 characters of any UTF-8; the primary key
+/// (2040 bytes) fits InnoDB's 3072-byte limit under the `DYNAMIC` row format. Longer scopes
+/// or keys are refused before they reach the server, which outside strict mode would silently
+/// truncate them into each other. Payloads are limited by the server's `max_allowed_packet`
+/// (16 MiB by default on MariaDB, 64 MiB on MySQL 8).
+///
+/// # Clock
+///
+/// Times are the server's `UTC_TIMESTAMP(3)`, which is fixed for the duration of a statement
+/// and, unlike `NOW()`, independent of the session time zone (two application instances with
+/// different `time_zone` settings agree, and DST changes cannot move the clock back).
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    sql: Arc<Statements>,
+}
+
+/// Builds a [`MySqlStore`] on an existing pool, with a table name of your choice.
+#[derive(Debug, Clone)]
+pub struct MySqlStoreBuilder {
+    pool: MySqlPool,
+    table: TableName,
+}
+
+/// Every statement, rendered once for the store's table.
+#[derive(Debug)]
+struct Statements {
+    table: TableName,
+    schema: String,
+    claim: String,
+    read: String,
+    held: String,
+    renew: String,
+    complete: String,
+    release: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(table: TableName) -> Self {
+        let t = table.as_str();
+        // Table-local index name: a name derived from a 63-character table name would pass
+        // MySQL's 64-character identifier limit.
+        let schema = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (\n    \
+             scope       VARBINARY({MAX_KEY_BYTES}) NOT NULL,\n    \
+             `key`       VARBINARY({MAX_KEY_BYTES}) NOT NULL,\n    \
+             fingerprint BINARY(32)      NOT NULL,\n    \
+             token       BINARY(16)      NULL,\n    \
+             payload     LONGBLOB        NULL,\n    \
+             expires_at  DATETIME(3)     NOT NULL,\n    \
+             PRIMARY KEY (scope, `key`),\n    \
+             INDEX idx_expires_at (expires_at)\n\
+             ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC"
+        );
+        let expired = format!("expires_at <= {NOW}");
+        let fence = format!("scope = ? AND `key` = ? AND token = ? AND expires_at > {NOW}");
+        Self {
+            schema,
+            // On a duplicate, every column keeps its value unless the existing record has
+            // expired. MySQL evaluates the assignments left to right and a later IF() sees the
+            // columns already assigned, so expires_at, which the test reads, is assigned
+            // last: every IF() sees the original expiry. VALUES() rather than the 8.0.19 row
+            // alias, which MariaDB does not parse.
+            claim: format!(
+                "INSERT INTO {t} (scope, `key`, fingerprint, token, payload, expires_at) \
+                 VALUES (?, ?, ?, ?, NULL, {NOW} + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                 fingerprint = IF({expired}, VALUES(fingerprint), fingerprint), \
+                 token = IF({expired}, VALUES(token), token), \
+                 payload = IF({expired}, NULL, payload), \
+                 expires_at = IF({expired}, VALUES(expires_at), expires_at)"
+            ),
+            read: format!(
+                "SELECT fingerprint, token, payload FROM {t} \
+                 WHERE scope = ? AND `key` = ? AND expires_at > {NOW}"
+            ),
+            held: format!("SELECT 1 FROM {t} WHERE {fence}"),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE {fence}"
+            ),
+            // Always a real change (token goes from a value to NULL), so rows-changed and
+            // rows-matched agree and CLIENT_FOUND_ROWS cannot matter.
+            complete: format!(
+                "UPDATE {t} SET token = NULL, payload = ?, \
+                 expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE {fence}"
+            ),
+            release: format!("DELETE FROM {t} WHERE {fence}"),
+            // ORDER BY the full index order (InnoDB appends the primary key to secondary
+            // indexes) makes the batch deterministic, so statement-based replication deletes
+            // the same rows on replicas, and walks the expiry index from its oldest end.
+            purge: format!(
+                "DELETE FROM {t} WHERE {expired} ORDER BY expires_at, scope, `key` LIMIT ?"
+            ),
+            table,
+        }
+    }
+}
+
+impl MySqlStoreBuilder {
+    /// Stores records in table `name` instead of `tower_idempotency_records`; `db.table`
+    /// names a table in another database. The name is validated, never pasted as given.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/app").await?;
+    /// let store = MySqlStore::builder(pool).table("idempotency")?.build();
+    /// # Ok(()) }
+    /// ```
+    pub fn table(mut self, name: impl Into<String>) -> Result<Self, InvalidTableName> {
+        self.table = TableName::new(name)?;
+        Ok(self)
+    }
+
+    /// Builds the store. It does not touch the database: call [`MySqlStore::migrate`] (or
+    /// run [`MySqlStore::schema_sql`] yourself) before using it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/app").await?;
+    /// let store = MySqlStore::builder(pool).build();
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn build(self) -> MySqlStore {
+        MySqlStore {
+            pool: self.pool,
+            sql: Arc::new(Statements::new(self.table)),
+        }
+    }
+}
+
+impl MySqlStore {
+    /// A store on `pool` using the default table `tower_idempotency_records`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// let store = MySqlStore::new(sqlx::MySqlPool::connect("mysql://app@db.internal/app").await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: MySqlPool) -> Self {
+        Self::builder(pool).build()
+    }
+
+    /// A builder on `pool`, to choose the table name.
+    ///
+    /// ```
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// # let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// # let _inside = runtime.enter();
+    /// // A lazy pool never connects until used, so this runs without a server.
+    /// let pool = sqlx::MySqlPool::connect_lazy("mysql://app@db.internal/app").unwrap();
+    /// assert!(MySqlStore::builder(pool).table("records; DROP TABLE users").is_err());
+    /// ```
+    pub fn builder(pool: MySqlPool) -> MySqlStoreBuilder {
+        MySqlStoreBuilder {
+            pool,
+            table: TableName::new(DEFAULT_TABLE).expect("the default table name is valid"),
+        }
+    }
+
+    /// Creates the table (with its expiry index) if it does not exist. Idempotent, and safe
+    /// to run from several tasks or processes at once: `CREATE TABLE IF NOT EXISTS` takes an
+    /// exclusive metadata lock on the name, so concurrent runs queue up and all but the first
+    /// find the table there.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// let store = MySqlStore::new(sqlx::MySqlPool::connect("mysql://app@db.internal/app").await?);
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql(&self.sql.schema)
+            .execute(&self.pool)
+            .await
+            .map_err(|err| sql::backend(BACKEND, err))?;
+        Ok(())
+    }
+
+    /// The DDL [`migrate`](Self::migrate) runs, for this store's table.
+    ///
+    /// ```
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// # let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// # let _inside = runtime.enter();
+    /// let pool = sqlx::MySqlPool::connect_lazy("mysql://app@db.internal/app").unwrap();
+    /// let store = MySqlStore::new(pool);
+    /// assert!(store.schema_sql().starts_with("CREATE TABLE IF NOT EXISTS tower_idempotency_records"));
+    /// ```
+    pub fn schema_sql(&self) -> &str {
+        &self.sql.schema
+    }
+
+    /// The table the records live in.
+    ///
+    /// ```
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// # let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// # let _inside = runtime.enter();
+    /// let pool = sqlx::MySqlPool::connect_lazy("mysql://app@db.internal/app").unwrap();
+    /// assert_eq!(MySqlStore::new(pool).table().as_str(), "tower_idempotency_records");
+    /// ```
+    pub fn table(&self) -> &TableName {
+        &self.sql.table
+    }
+
+    /// The underlying pool.
+    ///
+    /// ```
+    /// use tower_idempotency::store::MySqlStore;
+    ///
+    /// # let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// # let _inside = runtime.enter();
+    /// let pool = sqlx::MySqlPool::connect_lazy("mysql://app@db.internal/app").unwrap();
+    /// assert_eq!(MySqlStore::new(pool).pool().size(), 0);
+    /// ```
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// Whether `token` holds a live claim on `key` right now.
+    async fn holds(&self, key: &StoreKey, token: Token) -> Result<bool, StoreError> {
+        let row = sqlx::query(&self.sql.held)
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .bind(&token.to_bytes()[..])
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| sql::backend(BACKEND, err))?;
+        Ok(row.is_some())
+    }
+
+    /// The live row under `key`: fingerprint, token (NULL once completed), payload.
+    async fn read(&self, key: &StoreKey) -> Result<Option<LiveRow>, StoreError> {
+        sqlx::query_as(&self.sql.read)
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| sql::backend(BACKEND, err))
+    }
+}
+
+type LiveRow = (Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+impl std::fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("table", &self.sql.table)
+            .field("connections", &self.pool.size())
+            .finish()
+    }
+}
+
+/// Refuses scopes and keys wider than their columns, which a server outside strict mode
+/// would truncate on insert, merging distinct keys. Only the claim needs it: elsewhere an
+/// overlong value is only compared, and simply matches nothing.
+fn check_width(key: &StoreKey) -> Result<(), StoreError> {
+    for (what, value) in [("scope", key.scope()), ("key", key.key())] {
+        if value.len() > MAX_KEY_BYTES {
+            return Err(StoreError::Config(format!(
+                "an idempotency {what} of {} bytes exceeds the mysql store's {MAX_KEY_BYTES}",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A duration as microseconds for `INTERVAL .. MICROSECOND` (DATETIME(3) keeps whole
+/// milliseconds, so the duration is cut to those first, through the shared helper).
+fn micros(duration: Duration) -> Result<i64, StoreError> {
+    if duration > MAX_DURATION {
+        return Err(StoreError::Config(format!(
+            "duration {duration:?} is too long for the mysql store (at most 1000 years)"
+        )));
+    }
+    Ok(sql::millis(duration)? * 1000)
+}
+
+fn is_deadlock(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|db| db.try_downcast_ref::<MySqlDatabaseError>())
+        .is_some_and(|db| db.number() == ER_LOCK_DEADLOCK)
+}
+
+fn backend(error: sqlx::Error) -> StoreError {
+    sql::backend(BACKEND, error)
+}
+
+#[async_trait]
+impl Store for MySqlStore {
+    /// Who won is decided by the one `INSERT .. ON DUPLICATE KEY UPDATE`; telling the caller
+    /// needs care, because its affected-rows count depends on CLIENT_FOUND_ROWS:
+    ///
+    /// | row was             | without the flag | with it (sqlx always sets it) |
+    /// |---------------------|------------------|-------------------------------|
+    /// | absent: inserted    | 1                | 1                             |
+    /// | expired: taken over | 2                | 2                             |
+    /// | live: left alone    | 0                | 1                             |
+    ///
+    /// 2 means a takeover in both modes: done in one round trip. Anything else is settled by
+    /// reading the live row and comparing its token with ours. The statement writes our fresh
+    /// random token exactly when we win and nobody else can ever write it, so "the stored
+    /// token is ours" proves we won; the read cannot turn a loss into a win. The one thing
+    /// that can happen between the two statements is that the winner's record moves on
+    /// (completed, released, or, with a lease shorter than a round trip, taken over): then we
+    /// report what is there now, or claim again if nothing is, as any later claim would.
+    /// This costs a fresh key a second (primary-key) read, but needs neither a transaction
+    /// holding a row lock across round trips nor tricks with LAST_INSERT_ID() whose effect on
+    /// the OK packet differs between server versions.
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        check_width(key)?;
+        let lease = micros(lease)?;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let token = Token::random();
+            let result = sqlx::query(&self.sql.claim)
+                .bind(key.scope().as_bytes())
+                .bind(key.key().as_bytes())
+                .bind(&fingerprint.as_bytes()[..])
+                .bind(&token.to_bytes()[..])
+                .bind(lease)
+                .execute(&self.pool)
+                .await;
+            let rows = match result {
+                Ok(done) => done.rows_affected(),
+                Err(err) if is_deadlock(&err) => continue,
+                Err(err) => return Err(backend(err)),
+            };
+            if rows == 2 {
+                return Ok(ClaimOutcome::Claimed(token));
+            }
+            let Some((fingerprint, stored, payload)) = self.read(key).await? else {
+                continue;
+            };
+            if let Some(stored) = stored {
+                if sql::decode_token(BACKEND, &stored)? == token {
+                    return Ok(ClaimOutcome::Claimed(token));
+                }
+            }
+            return sql::decode_record(BACKEND, &fingerprint, payload).map(ClaimOutcome::Existing);
+        }
+        Err(StoreError::backend(
+            BACKEND,
+            "a claim kept deadlocking or losing to records that vanished before they could be read",
+        ))
+    }
+
+    async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
+        let result: MySqlQueryResult = sqlx::query(&self.sql.renew)
+            .bind(micros(lease)?)
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .bind(&token.to_bytes()[..])
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        if result.rows_affected() > 0 {
+            return Ok(());
+        }
+        // Without CLIENT_FOUND_ROWS a renew that lands in the same millisecond as the last one
+        // writes an identical expiry and reports 0 rows changed although it matched. A token
+        // that lost its claim never holds one again, so if it holds one now the renew matched.
+        if self.holds(key, token).await? {
+            Ok(())
+        } else {
+            Err(StoreError::StaleToken)
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(&self.sql.complete)
+            .bind(payload.as_ref())
+            .bind(micros(retention)?)
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .bind(&token.to_bytes()[..])
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        match result.rows_affected() {
+            0 => Err(StoreError::StaleToken),
+            _ => Ok(()),
+        }
+    }
+
+    async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
+        let result = sqlx::query(&self.sql.release)
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .bind(&token.to_bytes()[..])
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        match result.rows_affected() {
+            0 => Err(StoreError::StaleToken),
+            _ => Ok(()),
+        }
+    }
+
+    async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
+        self.read(key)
+            .await?
+            .map(|(fingerprint, _, payload)| sql::decode_record(BACKEND, &fingerprint, payload))
+            .transpose()
+    }
+
+    async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        let result = sqlx::query(&self.sql.purge)
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(result.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The renew fallback only runs on connections without CLIENT_FOUND_ROWS, which sqlx
+    /// cannot open, so the read it relies on is exercised here directly.
+    #[tokio::test]
+    async fn holds_tells_a_live_claim_from_a_stale_token() {
+        let Ok(url) = std::env::var("TEST_MYSQL_URL") else {
+            eprintln!("skipped: TEST_MYSQL_URL is not set");
+            return;
+        };
+        let store = MySqlStore::new(MySqlPool::connect(&url).await.unwrap());
+        store.migrate().await.unwrap();
+        let key = StoreKey::new(Token::random().to_hex(), "k");
+        let fingerprint = Fingerprint::of([b"a".as_slice()]);
+        let ClaimOutcome::Claimed(token) = store
+            .claim(&key, &fingerprint, Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("a fresh key must be claimable");
+        };
+        assert!(store.holds(&key, token).await.unwrap());
+        assert!(!store.holds(&key, Token::random()).await.unwrap());
+        store.release(&key, token).await.unwrap();
+        assert!(!store.holds(&key, token).await.unwrap());
+    }
+
+    #[test]
+    fn durations_and_widths_are_checked_before_reaching_the_server() {
+        assert_eq!(micros(Duration::from_millis(1500)).unwrap(), 1_500_000);
+        assert!(matches!(
+            micros(Duration::from_secs(u64::MAX)),
+            Err(StoreError::Config(_))
+        ));
+        assert!(check_width(&StoreKey::new("s", "k".repeat(MAX_KEY_BYTES))).is_ok());
+        assert!(check_width(&StoreKey::new("s".repeat(MAX_KEY_BYTES + 1), "k")).is_err());
+    }
+}

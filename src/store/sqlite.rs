@@ -1,0 +1,504 @@
+//! The SQLite store (feature `sqlite`): durable records in one database file, for a single
+//! host (one process or several sharing the file). Several hosts need a server database.
+//!
+//! The schema, the connection settings and the clock are documented on [`SqliteStore`].
+
+use std::{path::Path, str::FromStr, sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+
+use super::{sql, InvalidTableName, Store, StoreError, TableName};
+use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
+
+const BACKEND: &str = "sqlite";
+const DEFAULT_TABLE: &str = "tower_idempotency_records";
+
+/// SQLite's clock in whole Unix milliseconds. `'now'` is fixed for one statement, so every
+/// use within a statement agrees. `unixepoch('subsec')` is exact to the millisecond, but as a
+/// float: round before the cast so 0.999.. never truncates a millisecond away.
+const NOW_MS: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+
+/// How often a claim retries when the row it lost to vanished before it could be read
+/// (released or purged in between). Each retry means another claim made progress, so
+/// running out takes a pathological storm of claims and releases on one key.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// A [`Store`] in a SQLite database, on a sqlx [`SqlitePool`]. Clones share the pool.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency::store::SqliteStore;
+///
+/// let path = std::env::temp_dir().join("tower-idempotency-doc-sqlite.db");
+/// let store = SqliteStore::open(&path).await?;
+/// store.migrate().await?;
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+///
+/// # Schema
+///
+/// [`SqliteStore::migrate`] runs the following (shown for the default table; the exact text
+/// for a store is [`SqliteStore::schema_sql`]). Both statements are idempotent, so you may
+/// also copy them into your own migrations instead. The crate never touches sqlx's
+/// `_sqlx_migrations` table, so it cannot collide with your migrations.
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS tower_idempotency_records (
+///     scope       TEXT    NOT NULL,
+///     "key"       TEXT    NOT NULL,
+///     fingerprint BLOB    NOT NULL, -- 32 bytes
+///     token       BLOB,             -- 16 bytes while in progress, NULL once completed
+///     payload     BLOB,             -- NULL while in progress
+///     expires_at  INTEGER NOT NULL, -- Unix ms: lease end, then retention end
+///     PRIMARY KEY (scope, "key")
+/// );
+/// CREATE INDEX IF NOT EXISTS tower_idempotency_records_expires_at_idx
+///     ON tower_idempotency_records (expires_at);
+/// ```
+///
+/// # Connection settings
+///
+/// [`SqliteStore::open`] and [`SqliteStore::connect`] set what concurrent claims need:
+/// WAL journal mode (readers never block the writer), a 5 s busy timeout (a writer waits for
+/// the lock instead of failing with "database is locked") and `create_if_missing`. If you
+/// build the pool yourself, pass your options through [`SqliteStore::durable_options`].
+///
+/// # Clock and atomicity
+///
+/// Times are milliseconds of SQLite's own clock (`unixepoch('subsec')`, SQLite 3.42+; the
+/// `sqlite` feature bundles 3.46), which is fixed for the duration of one statement. A claim
+/// is one `INSERT .. ON CONFLICT DO UPDATE .. WHERE <expired> RETURNING` statement, executed
+/// under SQLite's single write lock: the first writer decides, every other claim waits for the
+/// lock and then sees its row.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    sql: Arc<Statements>,
+}
+
+/// Builds a [`SqliteStore`] on an existing pool, with a table name of your choice.
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    pool: SqlitePool,
+    table: TableName,
+}
+
+/// Every statement, rendered once for the store's table.
+#[derive(Debug)]
+struct Statements {
+    table: TableName,
+    schema: [String; 2],
+    claim: String,
+    lookup: String,
+    renew: String,
+    complete: String,
+    release: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(table: TableName) -> Self {
+        let t = table.as_str();
+        // SQLite qualifies the index name, not the table, with the schema, and index names
+        // share one namespace per schema: derive one from the table name.
+        let index = match t.split_once('.') {
+            Some((schema, _)) => format!("{schema}.{}", table.derived("expires_at_idx")),
+            None => table.derived("expires_at_idx"),
+        };
+        let bare = t.rsplit('.').next().unwrap_or(t);
+        Self {
+            schema: [
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (\n    \
+                     scope       TEXT    NOT NULL,\n    \
+                     \"key\"       TEXT    NOT NULL,\n    \
+                     fingerprint BLOB    NOT NULL,\n    \
+                     token       BLOB,\n    \
+                     payload     BLOB,\n    \
+                     expires_at  INTEGER NOT NULL,\n    \
+                     PRIMARY KEY (scope, \"key\")\n)"
+                ),
+                format!("CREATE INDEX IF NOT EXISTS {index}\n    ON {bare} (expires_at)"),
+            ],
+            // A returned row means this statement wrote our token: either the key was new, or
+            // the DO UPDATE's WHERE found the existing record expired. The bare `expires_at`
+            // in that WHERE is the existing row's; `excluded` is the row we tried to insert.
+            claim: format!(
+                "INSERT INTO {t} (scope, \"key\", fingerprint, token, payload, expires_at) \
+                 VALUES (?1, ?2, ?3, ?4, NULL, {NOW_MS} + ?5) \
+                 ON CONFLICT (scope, \"key\") DO UPDATE SET \
+                 fingerprint = excluded.fingerprint, token = excluded.token, payload = NULL, \
+                 expires_at = excluded.expires_at \
+                 WHERE expires_at <= {NOW_MS} \
+                 RETURNING 1"
+            ),
+            lookup: format!(
+                "SELECT fingerprint, payload FROM {t} \
+                 WHERE scope = ?1 AND \"key\" = ?2 AND expires_at > {NOW_MS}"
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = {NOW_MS} + ?4 \
+                 WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
+            ),
+            complete: format!(
+                "UPDATE {t} SET token = NULL, payload = ?4, expires_at = {NOW_MS} + ?5 \
+                 WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
+            ),
+            release: format!(
+                "DELETE FROM {t} \
+                 WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
+            ),
+            // Through rowid so the batch can be bounded (plain DELETE .. LIMIT needs a
+            // compile-time option the bundled SQLite lacks).
+            purge: format!(
+                "DELETE FROM {t} WHERE rowid IN \
+                 (SELECT rowid FROM {t} WHERE expires_at <= {NOW_MS} LIMIT ?1)"
+            ),
+            table,
+        }
+    }
+}
+
+impl SqliteStoreBuilder {
+    /// Stores records in table `name` instead of `tower_idempotency_records`; `schema.table`
+    /// names a table in an attached database. The name is validated, never pasted as given.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let store = SqliteStore::builder(pool).table("idempotency")?.build();
+    /// assert_eq!(store.table().as_str(), "idempotency");
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn table(mut self, name: impl Into<String>) -> Result<Self, InvalidTableName> {
+        self.table = TableName::new(name)?;
+        Ok(self)
+    }
+
+    /// Builds the store. It does not touch the database: call [`SqliteStore::migrate`] (or
+    /// run [`SqliteStore::schema_sql`] yourself) before using it.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let store = SqliteStore::builder(pool).build();
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn build(self) -> SqliteStore {
+        SqliteStore {
+            pool: self.pool,
+            sql: Arc::new(Statements::new(self.table)),
+        }
+    }
+}
+
+impl SqliteStore {
+    /// A store on `pool` using the default table `tower_idempotency_records`.
+    ///
+    /// Configure the pool's connections with [`durable_options`](Self::durable_options) (WAL,
+    /// busy timeout): without a busy timeout, concurrent claims fail with "database is locked"
+    /// instead of waiting their turn.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::str::FromStr;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let path = std::env::temp_dir().join("tower-idempotency-doc-own-pool.db");
+    /// let options = SqliteStore::durable_options(SqliteConnectOptions::new().filename(path));
+    /// let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+    /// let store = SqliteStore::new(pool);
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::builder(pool).build()
+    }
+
+    /// A builder on `pool`, to choose the table name.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let refused = SqliteStore::builder(pool).table("records; DROP TABLE users");
+    /// assert!(refused.is_err());
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn builder(pool: SqlitePool) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            pool,
+            table: TableName::new(DEFAULT_TABLE).expect("the default table name is valid"),
+        }
+    }
+
+    /// Opens (creating if missing) the database file at `path` with
+    /// [`durable_options`](Self::durable_options), on a pool with sqlx's default size.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tower_idempotency::store::StoreError> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let store = SqliteStore::open("/var/lib/myapp/idempotency.db").await?;
+    /// store.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::connect_with(SqliteConnectOptions::new().filename(path)).await
+    }
+
+    /// Like [`open`](Self::open), from a sqlx URL such as `sqlite://data/idempotency.db`
+    /// (sqlx's URL parameters apply; the durable settings are added on top).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tower_idempotency::store::StoreError> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let store = SqliteStore::connect("sqlite://data/idempotency.db").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options =
+            SqliteConnectOptions::from_str(url).map_err(|err| sql::backend(BACKEND, err))?;
+        Self::connect_with(options).await
+    }
+
+    async fn connect_with(options: SqliteConnectOptions) -> Result<Self, StoreError> {
+        let pool = SqlitePoolOptions::new()
+            .connect_with(Self::durable_options(options))
+            .await
+            .map_err(|err| sql::backend(BACKEND, err))?;
+        Ok(Self::new(pool))
+    }
+
+    /// `options` plus what this store needs under concurrency: WAL journal mode, a 5 s busy
+    /// timeout and `create_if_missing`. Synchronous mode stays at SQLite's default `FULL`:
+    /// a completed record lost in a power cut would let a retry run the operation again.
+    ///
+    /// Switching a database file to WAL takes an exclusive lock that cannot wait, so when many
+    /// processes open a brand-new file at the same instant one of them may fail once with
+    /// "database is locked"; once the file is in WAL mode (a persistent setting) it cannot.
+    ///
+    /// ```
+    /// use sqlx::sqlite::SqliteConnectOptions;
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let options = SqliteStore::durable_options(SqliteConnectOptions::new().filename("app.db"));
+    /// # let _ = options;
+    /// ```
+    pub fn durable_options(options: SqliteConnectOptions) -> SqliteConnectOptions {
+        options
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(5))
+            .create_if_missing(true)
+    }
+
+    /// Creates the table and its expiry index if they do not exist. Idempotent, and safe to
+    /// run from several tasks or processes at once.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let store = SqliteStore::new(sqlx::SqlitePool::connect("sqlite::memory:").await?);
+    /// store.migrate().await?;
+    /// store.migrate().await?; // a no-op the second time
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        // Two autocommit statements, deliberately not one transaction: a deferred transaction
+        // that read the schema and then must write fails at once (SQLITE_BUSY_SNAPSHOT, no
+        // busy wait) if a concurrent migrate committed first. Alone, each statement waits for
+        // the write lock and is re-prepared if the schema changed meanwhile, at which point
+        // IF NOT EXISTS makes it a no-op.
+        for statement in &self.sql.schema {
+            sqlx::query(statement)
+                .execute(&self.pool)
+                .await
+                .map_err(|err| sql::backend(BACKEND, err))?;
+        }
+        Ok(())
+    }
+
+    /// The DDL [`migrate`](Self::migrate) runs, for this store's table, as a `;`-separated
+    /// script you can put in your own migrations.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let store = SqliteStore::new(sqlx::SqlitePool::connect("sqlite::memory:").await?);
+    /// assert!(store.schema_sql().starts_with("CREATE TABLE IF NOT EXISTS tower_idempotency_records"));
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn schema_sql(&self) -> String {
+        self.sql.schema.join(";\n") + ";\n"
+    }
+
+    /// The table the records live in.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let store = SqliteStore::new(sqlx::SqlitePool::connect("sqlite::memory:").await?);
+    /// assert_eq!(store.table().as_str(), "tower_idempotency_records");
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn table(&self) -> &TableName {
+        &self.sql.table
+    }
+
+    /// The underlying pool.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::store::SqliteStore;
+    ///
+    /// let store = SqliteStore::new(sqlx::SqlitePool::connect("sqlite::memory:").await?);
+    /// store.pool().close().await;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Runs a fenced statement (`renew`, `complete`, `release`): SQLite counts the rows it
+    /// matched, so zero means the token does not hold a live claim.
+    fn fenced(
+        result: Result<sqlx::sqlite::SqliteQueryResult, sqlx::Error>,
+    ) -> Result<(), StoreError> {
+        match result
+            .map_err(|err| sql::backend(BACKEND, err))?
+            .rows_affected()
+        {
+            0 => Err(StoreError::StaleToken),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("table", &self.sql.table)
+            .field("connections", &self.pool.size())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let lease = sql::millis(lease)?;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let token = Token::random();
+            // fetch_all steps the statement to completion, so its autocommit write (and the
+            // database's single write lock) is finished before we act on the answer, whatever
+            // the driver does with a statement that is read only halfway.
+            let won = sqlx::query(&self.sql.claim)
+                .bind(key.scope())
+                .bind(key.key())
+                .bind(&fingerprint.as_bytes()[..])
+                .bind(&token.to_bytes()[..])
+                .bind(lease)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|err| sql::backend(BACKEND, err))?;
+            if !won.is_empty() {
+                return Ok(ClaimOutcome::Claimed(token));
+            }
+            // The insert decided we lost; reading what won cannot change that. If it is gone
+            // by now (released, or it expired and was purged), the key is free again: retry.
+            if let Some(record) = self.lookup(key).await? {
+                return Ok(ClaimOutcome::Existing(record));
+            }
+        }
+        Err(StoreError::backend(
+            BACKEND,
+            "a claim kept losing to records that vanished before they could be read",
+        ))
+    }
+
+    async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
+        let result = sqlx::query(&self.sql.renew)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(&token.to_bytes()[..])
+            .bind(sql::millis(lease)?)
+            .execute(&self.pool)
+            .await;
+        Self::fenced(result)
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(&self.sql.complete)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(&token.to_bytes()[..])
+            .bind(payload.as_ref())
+            .bind(sql::millis(retention)?)
+            .execute(&self.pool)
+            .await;
+        Self::fenced(result)
+    }
+
+    async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
+        let result = sqlx::query(&self.sql.release)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(&token.to_bytes()[..])
+            .execute(&self.pool)
+            .await;
+        Self::fenced(result)
+    }
+
+    async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
+        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = sqlx::query_as(&self.sql.lookup)
+            .bind(key.scope())
+            .bind(key.key())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| sql::backend(BACKEND, err))?;
+        row.map(|(fingerprint, payload)| sql::decode_record(BACKEND, &fingerprint, payload))
+            .transpose()
+    }
+
+    async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        let result = sqlx::query(&self.sql.purge)
+            .bind(batch)
+            .execute(&self.pool)
+            .await
+            .map_err(|err| sql::backend(BACKEND, err))?;
+        Ok(result.rows_affected())
+    }
+}
