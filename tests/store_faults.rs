@@ -4,10 +4,11 @@
 //! itself. Every test counts handler executions, not just statuses.
 //!
 //! ```text
-//! TEST_POSTGRES_URL=postgres://root@127.0.0.1/test cargo test --test store_faults
+//! TEST_POSTGRES_URL=postgres://root@127.0.0.1/test TEST_REDIS_URL=redis://127.0.0.1:6379 \
+//!     cargo test --test store_faults
 //! ```
 //!
-//! Without the URL the tests are skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`.
+//! Without the URLs the tests are skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`.
 #![cfg(feature = "postgres")]
 
 mod common;
@@ -417,4 +418,46 @@ async fn postgres_stall_after_acquire_answers_503_in_bounded_time() {
     assert_store_unavailable(&answer, "1");
     assert_eq!(runs.count(), 0, "the handler ran without a claim");
     pg.proxy.restore();
+}
+
+/// The same outage with Redis: while cut, 503 and the handler does not run; once restored,
+/// the very same store (its connection manager reconnects by itself) runs the request once
+/// and replays its duplicate.
+#[tokio::test]
+async fn redis_down_answers_503_without_running_then_recovers() {
+    let Some(url) = conformance::url_or_skip("TEST_REDIS_URL") else {
+        return;
+    };
+    let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+        .expect("TEST_REDIS_URL is not a valid URL");
+    let redis::ConnectionAddr::Tcp(host, port) = info.addr else {
+        panic!("TEST_REDIS_URL must name a TCP host for the proxy to sit in between");
+    };
+    let proxy = Proxy::start(&host, port).await;
+    let through_proxy = format!("redis://127.0.0.1:{}", proxy.addr().port());
+    let store = tower_idempotency::store::RedisStore::open(&through_proxy)
+        .await
+        .expect("Redis through the proxy");
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(store).retry_after(Duration::from_secs(2));
+    let app = app(layer, runs.clone());
+    let key = fresh_key();
+
+    proxy.cut();
+    for _ in 0..2 {
+        let answer = send(&app, post_req("/pay", Some(&key), "{}")).await;
+        assert_store_unavailable(&answer, "2");
+    }
+    assert_eq!(runs.count(), 0, "the handler ran without a claim");
+
+    proxy.restore();
+    let first = send(&app, post_req("/pay", Some(&key), "{}")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    let duplicate = send(&app, post_req("/pay", Some(&key), "{}")).await;
+    assert_eq!(
+        duplicate.headers["x-run"], "1",
+        "not a replay: {duplicate:?}"
+    );
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(runs.count(), 1);
 }

@@ -316,7 +316,8 @@ async fn background_purger_deletes_expired_rows() {
         .complete(&key, token, Bytes::new(), Duration::from_millis(200))
         .await
         .unwrap();
-    let purger = store.spawn_purger(Duration::from_millis(100), 50);
+    let purger =
+        tower_idempotency::store::spawn_purger(store.clone(), Duration::from_millis(100), 50);
     let rows_sql = format!(
         "SELECT count(*) FROM {} WHERE scope = $1 AND key = $2",
         store.table()

@@ -10,6 +10,7 @@ use axum::{
 };
 use bytes::Bytes;
 use serde::Deserialize;
+use tower_idempotency::{version::RequireIfMatch, DoNotStore};
 
 use crate::{payments::Payment, problem, App};
 
@@ -71,6 +72,59 @@ pub async fn read(State(app): State<App>, Path(id): Path<String>) -> Response {
         Ok(Some(payment)) => with_etag(StatusCode::OK, &payment),
         Ok(None) => problem::not_found(&id),
         Err(error) => problem::internal(error),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusChange {
+    status: String,
+}
+
+/// `PATCH /payments/{id}`: a state transition, only from the version the client last saw.
+///
+/// `RequireIfMatch` answers 428 when `If-Match` is missing (and 400 when it is malformed).
+/// The update is one compare-and-set: 412 with the current ETag if someone changed the payment
+/// since, 404 if there is none.
+pub async fn update(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    RequireIfMatch(preconditions): RequireIfMatch,
+    body: Bytes,
+) -> Response {
+    let change: StatusChange = match serde_json::from_slice(&body) {
+        Ok(change) => change,
+        Err(e) => {
+            return problem::invalid_body(format!(
+                "expected {{\"status\": \"paid\" | \"refunded\" | \"failed\"}}: {e}"
+            ))
+        }
+    };
+    if !matches!(change.status.as_str(), "paid" | "refunded" | "failed") {
+        return problem::invalid_body(format!(
+            "status must be \"paid\", \"refunded\" or \"failed\", got {:?}",
+            change.status
+        ));
+    }
+    let outcome = match app
+        .payments
+        .set_status(&id, preconditions.expected(), &change.status)
+        .await
+    {
+        Ok(outcome) => outcome,
+        Err(error) => return problem::internal(error),
+    };
+    match outcome.into_http() {
+        Ok((_, Some(payment))) => with_etag(StatusCode::OK, &payment),
+        // The database could not hand the row back (MySQL re-reads it): read it.
+        Ok((_, None)) => read(State(app), Path(id)).await,
+        Err(rejection) => {
+            // Nothing changed (412 / 404): not worth replaying, so a retry under the same
+            // Idempotency-Key with a fresh If-Match is evaluated anew.
+            let mut response = rejection.into_response();
+            response.extensions_mut().insert(DoNotStore);
+            response
+        }
     }
 }
 

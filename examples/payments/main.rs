@@ -1,7 +1,9 @@
 //! `payments`: a small axum service that charges cards, safe to retry.
 //!
 //! ```text
-//! cargo run --example payments --features axum
+//! cargo run --example payments
+//! DATABASE_URL=postgres://root@127.0.0.1/test cargo run --example payments
+//! DATABASE_URL=sqlite://payments.db REDIS_URL=redis://127.0.0.1:6379 cargo run --example payments
 //! curl -i localhost:3000/payments -H 'Idempotency-Key: 4f1c' -H 'Authorization: Bearer alice' \
 //!      -d '{"amount": 1200, "currency": "EUR"}'
 //! ```
@@ -9,20 +11,22 @@
 //! The contract (routes, environment, statuses) is in `shared/payments-example.md`; the
 //! environment variables are read in `config.rs`.
 
+mod backends;
 mod config;
 mod handlers;
 mod payments;
 mod problem;
+mod sql_payments;
 
-use std::sync::Arc;
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use axum::{
     routing::{get, post},
     Router,
 };
-use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+use tower_idempotency::{store::spawn_purger, IdempotencyLayer};
 
-use crate::{config::Config, payments::MemoryPayments};
+use crate::config::Config;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -34,25 +38,39 @@ pub struct App {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    // sqlx logs PostgreSQL's "already exists, skipping" notices of every start at INFO.
+    let default_filter = "info,sqlx=warn";
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("payments stopped: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), backends::Error> {
     let config = Config::from_env()?;
 
-    let payments: Arc<dyn payments::Payments> = Arc::new(MemoryPayments::default());
-    let store = MemoryStore::new();
-    let store_name = "memory";
+    let backends = backends::connect(&config).await?;
+    // Expired records are harmless (they count as absent) but take space: delete them once
+    // a minute in short batches. Each process runs its own purger.
+    let purger = spawn_purger(backends.idempotency.clone(), Duration::from_secs(60), 1_000);
 
-    let idempotency = IdempotencyLayer::new(store)
+    let idempotency = IdempotencyLayer::new(backends.idempotency)
         .lease(config.lease)
         .retention(config.retention)
         .enabled(!config.idempotency_disabled);
 
     let app = App {
-        payments,
+        payments: backends.payments,
         config: Arc::new(config.clone()),
         create_calls: Arc::default(),
     };
@@ -62,17 +80,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "/payments",
             post(handlers::create).layer(idempotency.clone().require_key()),
         )
-        .route("/payments/{id}", get(handlers::read))
+        // A state transition may carry a key (optional): a retried PATCH replays its first
+        // answer even though its If-Match has gone stale meanwhile.
+        .route(
+            "/payments/{id}",
+            get(handlers::read)
+                .patch(handlers::update)
+                .layer(idempotency.clone()),
+        )
         .route("/stats", get(handlers::stats))
         .with_state(app);
 
     let listener = tokio::net::TcpListener::bind(&config.bind).await?;
     tracing::info!(
-        "payments listening on http://{} (payments: memory, idempotency store: {}{})",
+        "payments listening on http://{} ({}{})",
         listener.local_addr()?,
-        store_name,
+        backends.description,
         if config.idempotency_disabled {
-            ", layer DISABLED"
+            ", idempotency layer DISABLED"
         } else {
             ""
         }
@@ -80,6 +105,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    purger.abort();
     Ok(())
 }
 

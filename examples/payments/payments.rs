@@ -1,15 +1,11 @@
 //! Where payments and charges live.
 
-use std::{
-    collections::HashMap,
-    sync::{Mutex, PoisonError},
-};
-
 use async_trait::async_trait;
 use serde::Serialize;
+use tower_idempotency::version::{Expected, MemoryVersioned, VersionedUpdate};
 
-/// A payment as the API shows it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// A payment as the API shows it (and as a row of the `payments` table).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, sqlx::FromRow)]
 pub struct Payment {
     pub id: String,
     pub amount: i64,
@@ -26,6 +22,15 @@ pub trait Payments: Send + Sync {
     /// idempotency key — preventing doubles is the layer's job.
     async fn create(&self, amount: i64, currency: &str) -> Result<Payment, Error>;
     async fn get(&self, id: &str) -> Result<Option<Payment>, Error>;
+    /// Sets the status if the payment is still at a version `expected` accepts: ONE
+    /// compare-and-set (`update_if_version`), no read before it. A lost race comes back as
+    /// `Conflict` with the current payment, so the 412 can carry its ETag.
+    async fn set_status(
+        &self,
+        id: &str,
+        expected: Expected,
+        status: &str,
+    ) -> Result<VersionedUpdate<Payment>, Error>;
     /// How many charges were recorded.
     async fn charges(&self) -> Result<u64, Error>;
 }
@@ -34,10 +39,10 @@ pub fn new_id() -> String {
     format!("pay_{:016x}", rand::random::<u64>())
 }
 
-/// Payments in this process' memory.
+/// Payments in this process' memory; the map keeps each payment's version.
 #[derive(Default)]
 pub struct MemoryPayments {
-    rows: Mutex<HashMap<String, Payment>>,
+    rows: MemoryVersioned<String, Payment>,
 }
 
 #[async_trait]
@@ -50,27 +55,31 @@ impl Payments for MemoryPayments {
             status: "pending".to_owned(),
             version: 1,
         };
-        self.rows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(payment.id.clone(), payment.clone());
+        // Ids are random, so this never meets an existing one; the map's own version starts
+        // at 1 like the payment's.
+        let _ = self.rows.insert_new(payment.id.clone(), payment.clone());
         Ok(payment)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Payment>, Error> {
+        Ok(self.rows.get(&id.to_owned()).map(|row| row.value))
+    }
+
+    async fn set_status(
+        &self,
+        id: &str,
+        expected: Expected,
+        status: &str,
+    ) -> Result<VersionedUpdate<Payment>, Error> {
         Ok(self
             .rows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(id)
-            .cloned())
+            .update_if_version(&id.to_owned(), expected, |payment| {
+                payment.status = status.to_owned();
+                payment.version += 1;
+            }))
     }
 
     async fn charges(&self) -> Result<u64, Error> {
-        Ok(self
-            .rows
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len() as u64)
+        Ok(self.rows.len() as u64)
     }
 }

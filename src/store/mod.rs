@@ -41,6 +41,7 @@ mod memory;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod purger;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sqlx")]
@@ -59,6 +60,7 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 pub use mysql::{MySqlStore, MySqlStoreBuilder};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+pub use purger::spawn_purger;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 #[cfg(feature = "sqlx")]

@@ -47,14 +47,13 @@
 //!
 //! Expired rows are harmless (they count as absent and a claim overwrites them) but take
 //! space. Call [`Store::purge_expired`] from your own scheduler, or let
-//! [`PostgresStore::spawn_purger`] do it in the background.
+//! [`spawn_purger`](super::spawn_purger) do it in the background.
 
 use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{Executor, PgPool, Row};
-use tokio::task::JoinHandle;
 
 use super::{sql, InvalidTableName, Store, StoreError, TableName};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
@@ -320,56 +319,6 @@ impl PostgresStore {
             .await
             .map_err(backend)?;
         tx.commit().await.map_err(backend)
-    }
-
-    /// Starts a tokio task that purges expired rows every `every`, in batches of `batch`
-    /// rows until a batch comes back short. Failures are logged (`tracing`, warn level) and
-    /// retried at the next tick. The task runs until aborted: keep the handle and call
-    /// [`JoinHandle::abort`] on shutdown (dropping the handle does not stop it).
-    ///
-    /// `every` is raised to at least one millisecond and `batch` to at least one row.
-    /// Several processes may each run a purger: they skip rows another one is deleting.
-    ///
-    /// Must be called within a tokio runtime.
-    ///
-    /// ```no_run
-    /// # use std::time::Duration;
-    /// # use tower_idempotency::store::PostgresStore;
-    /// # fn example(store: PostgresStore) {
-    /// let purger = store.spawn_purger(Duration::from_secs(60), 1_000);
-    /// // ... on shutdown:
-    /// purger.abort();
-    /// # }
-    /// ```
-    pub fn spawn_purger(&self, every: Duration, batch: u32) -> JoinHandle<()> {
-        let store = self.clone();
-        let batch = batch.max(1);
-        let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
-        // After a slow purge, wait a full period again rather than firing a burst of ticks.
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tokio::spawn(async move {
-            loop {
-                ticks.tick().await;
-                let mut purged = 0;
-                loop {
-                    match store.purge_expired(batch).await {
-                        Ok(n) => {
-                            purged += n;
-                            if n < u64::from(batch) {
-                                break;
-                            }
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "purging expired idempotency records failed");
-                            break;
-                        }
-                    }
-                }
-                if purged > 0 {
-                    tracing::debug!(purged, table = %store.sql.table, "purged expired idempotency records");
-                }
-            }
-        })
     }
 }
 

@@ -1,0 +1,173 @@
+//! Where the example keeps its data, chosen from `DATABASE_URL` and `REDIS_URL`.
+//!
+//! | `DATABASE_URL` | `REDIS_URL` | payments      | idempotency records |
+//! |----------------|-------------|---------------|---------------------|
+//! | unset          | unset       | memory        | memory              |
+//! | a database     | unset       | that database | that database       |
+//! | any            | set         | as above      | Redis               |
+//!
+//! With a database, payments and idempotency records share ONE pool and one database, so
+//! every process pointed at it sees the same charges and the same keys: several processes
+//! behave as one service.
+
+use std::{str::FromStr, sync::Arc, time::Duration};
+
+use sqlx::{
+    mysql::MySqlPoolOptions,
+    postgres::PgPoolOptions,
+    sqlite::{SqliteConnectOptions, SqlitePoolOptions},
+    SqlitePool,
+};
+use tower_idempotency::store::{
+    MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore, Store,
+};
+
+use crate::{
+    config::Config,
+    payments::{MemoryPayments, Payments},
+    sql_payments::SqlPayments,
+};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The two stores the service runs on, migrated and ready.
+pub struct Backends {
+    pub payments: Arc<dyn Payments>,
+    pub idempotency: Arc<dyn Store>,
+    /// For the startup log: `payments: postgres, idempotency: redis`.
+    pub description: String,
+}
+
+pub async fn connect(config: &Config) -> Result<Backends, Error> {
+    let database = match &config.database_url {
+        Some(url) => {
+            let database = open_database(url).await?;
+            database
+                .migrate()
+                .await
+                .map_err(|e| format!("creating the payments tables failed: {e}"))?;
+            Some(database)
+        }
+        None => None,
+    };
+
+    let (idempotency, idempotency_name): (Arc<dyn Store>, &str) =
+        match (&config.redis_url, &database) {
+            (Some(url), _) => (redis_store(url).await?, "redis"),
+            (None, Some(database)) => (sql_store(database).await?, database.database()),
+            (None, None) => (Arc::new(MemoryStore::new()), "memory"),
+        };
+
+    let (payments, payments_name): (Arc<dyn Payments>, &str) = match database {
+        Some(database) => {
+            let name = database.database();
+            (Arc::new(database), name)
+        }
+        None => (Arc::new(MemoryPayments::default()), "memory"),
+    };
+    Ok(Backends {
+        payments,
+        idempotency,
+        description: format!("payments: {payments_name}, idempotency: {idempotency_name}"),
+    })
+}
+
+/// Opens a pool for `url`, choosing the database by the URL's scheme.
+async fn open_database(url: &str) -> Result<SqlPayments, Error> {
+    let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+    let failed = |e: sqlx::Error| format!("cannot connect to DATABASE_URL ({scheme}): {e}");
+    // Fail within seconds when the database is down, rather than sqlx's default 30 s.
+    let acquire_timeout = Duration::from_secs(5);
+    Ok(match scheme {
+        "postgres" | "postgresql" => SqlPayments::Postgres(
+            PgPoolOptions::new()
+                .acquire_timeout(acquire_timeout)
+                .connect(url)
+                .await
+                .map_err(failed)?,
+        ),
+        "mysql" | "mariadb" => SqlPayments::MySql(
+            MySqlPoolOptions::new()
+                .acquire_timeout(acquire_timeout)
+                .connect(url)
+                .await
+                .map_err(failed)?,
+        ),
+        "sqlite" => {
+            // Several processes may share the file. The store's settings (WAL, so readers
+            // run beside the one writer; a busy timeout, so a writer waits for its turn
+            // instead of failing with "database is locked") suit the payments tables too.
+            let options =
+                SqliteStore::durable_options(SqliteConnectOptions::from_str(url).map_err(failed)?);
+            SqlPayments::Sqlite(
+                connect_sqlite(options, acquire_timeout)
+                    .await
+                    .map_err(failed)?,
+            )
+        }
+        _ => {
+            return Err(format!(
+                "DATABASE_URL must start with postgres://, mysql:// or sqlite://, got {scheme:?}"
+            )
+            .into())
+        }
+    })
+}
+
+/// Opens a SQLite pool, retrying for a moment when another process is switching a brand-new
+/// file to WAL mode: that switch takes a lock nobody can wait for (the busy timeout does not
+/// apply), so a process starting at the same instant fails with "database is locked"
+/// (`SQLITE_BUSY`, code 5). Once the file is in WAL mode, which is permanent, this cannot
+/// happen again.
+async fn connect_sqlite(
+    options: SqliteConnectOptions,
+    acquire_timeout: Duration,
+) -> Result<SqlitePool, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        let result = SqlitePoolOptions::new()
+            .acquire_timeout(acquire_timeout)
+            .connect_with(options.clone())
+            .await;
+        match result {
+            Err(sqlx::Error::Database(error))
+                if error.code().as_deref() == Some("5") && attempt < 10 =>
+            {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The idempotency store in the payments database, on the same pool.
+async fn sql_store(database: &SqlPayments) -> Result<Arc<dyn Store>, Error> {
+    // Each `migrate` is idempotent and safe when several processes start at once.
+    let store: Arc<dyn Store> = match database {
+        SqlPayments::Postgres(pool) => {
+            let store = PostgresStore::new(pool.clone());
+            store.migrate().await?;
+            Arc::new(store)
+        }
+        SqlPayments::MySql(pool) => {
+            let store = MySqlStore::new(pool.clone());
+            store.migrate().await?;
+            Arc::new(store)
+        }
+        SqlPayments::Sqlite(pool) => {
+            let store = SqliteStore::new(pool.clone());
+            store.migrate().await?;
+            Arc::new(store)
+        }
+    };
+    Ok(store)
+}
+
+/// Redis keeps the records itself (keys expire with `PX`): nothing to migrate.
+async fn redis_store(url: &str) -> Result<Arc<dyn Store>, Error> {
+    let store = RedisStore::open(url)
+        .await
+        .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?;
+    Ok(Arc::new(store))
+}

@@ -1,0 +1,443 @@
+//! Runs the `payments` example as a real process and talks to it over HTTP.
+//!
+//! The binary is the one `cargo test` builds next to the test binaries
+//! (`target/<profile>/examples/payments`); a plain `cargo test` builds it, while
+//! `cargo test --test payments_process` alone does not, so run `cargo build --example
+//! payments` first in that case.
+#![allow(dead_code)]
+
+pub mod shared;
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    path::PathBuf,
+    process::{ExitStatus, Stdio},
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http::{header, HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::TokioExecutor,
+};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncRead, BufReader},
+    process::{Child, Command},
+};
+
+/// Every variable of the example's contract: cleared before a start, so that a
+/// `DATABASE_URL` in the developer's shell cannot leak into a test.
+const CONTRACT_VARS: [&str; 9] = [
+    "BIND",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "IDEMPOTENCY_LEASE_MS",
+    "IDEMPOTENCY_TTL_SECS",
+    "IDEMPOTENCY_DISABLED",
+    "PAYMENTS_HANDLER_DELAY_MS",
+    "PAYMENTS_FAIL_FIRST",
+    "RUST_LOG",
+];
+
+/// How long any single request, start or shutdown may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A random hex string, to keep one test run's keys, callers, schemas and files apart.
+pub fn unique() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// The example binary, next to this test binary's `deps/` folder.
+fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps");
+    let path = dir.join("examples").join("payments");
+    assert!(
+        path.exists(),
+        "{} does not exist: run `cargo test` (which builds the examples) or `cargo build --example payments`",
+        path.display()
+    );
+    path
+}
+
+/// A port nobody listens on right now. The example binds its address itself, so the test
+/// cannot hand it a listener: bind port 0, read the port the OS chose, let it go.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local_addr").port()
+}
+
+/// What to start: the example with some environment variables.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    env: Vec<(String, String)>,
+}
+
+impl Launch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn env(mut self, name: &str, value: impl ToString) -> Self {
+        self.env.push((name.to_owned(), value.to_string()));
+        self
+    }
+
+    pub fn envs<'a>(mut self, vars: impl IntoIterator<Item = &'a (String, String)>) -> Self {
+        self.env.extend(vars.into_iter().cloned());
+        self
+    }
+
+    /// Starts the process and waits until it answers `GET /stats`.
+    pub async fn start(self) -> Server {
+        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let mut command = Command::new(binary());
+        for var in CONTRACT_VARS {
+            command.env_remove(var);
+        }
+        command
+            .env("BIND", addr.to_string())
+            .env("NO_COLOR", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // A failing test drops its servers: they must not outlive it.
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("spawn the payments example");
+        let logs = Logs::default();
+        logs.collect(child.stdout.take().expect("piped stdout"));
+        logs.collect(child.stderr.take().expect("piped stderr"));
+        let mut server = Server {
+            child,
+            logs,
+            http: Http {
+                addr,
+                client: Client::builder(TokioExecutor::new()).build_http(),
+            },
+        };
+        server.wait_until_ready().await;
+        server
+    }
+}
+
+/// The lines the process wrote to stdout and stderr, kept for assertions and failure messages.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<String>>>);
+
+impl Logs {
+    fn collect(&self, pipe: impl AsyncRead + Unpin + Send + 'static) {
+        let lines = self.0.clone();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(pipe).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                lines
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line);
+            }
+        });
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A running example process. Dropping it kills the process. It derefs to its [`Http`]
+/// client.
+pub struct Server {
+    child: Child,
+    pub logs: Logs,
+    http: Http,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Http;
+
+    fn deref(&self) -> &Http {
+        &self.http
+    }
+}
+
+/// An HTTP client for one server; clone it into tasks.
+#[derive(Clone)]
+pub struct Http {
+    pub addr: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A response with its body read.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: impl header::AsHeaderName) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// What a replay must reproduce exactly: status, body, `ETag` and `Location`.
+    pub fn identity(&self) -> (StatusCode, Bytes, Option<String>, Option<String>) {
+        (
+            self.status,
+            self.body.clone(),
+            self.header(header::ETAG).map(str::to_owned),
+            self.header(header::LOCATION).map(str::to_owned),
+        )
+    }
+
+    /// Asserts an RFC 9457 problem with this status.
+    pub fn assert_problem(&self, status: StatusCode) {
+        assert_eq!(
+            self.status,
+            status,
+            "body: {:?}",
+            String::from_utf8_lossy(&self.body)
+        );
+        assert_eq!(
+            self.header(header::CONTENT_TYPE),
+            Some("application/problem+json")
+        );
+        let problem = self.json();
+        assert_eq!(problem["status"], status.as_u16(), "{problem}");
+        for field in ["type", "title", "detail"] {
+            assert!(
+                problem[field].is_string(),
+                "problem without {field}: {problem}"
+            );
+        }
+    }
+}
+
+/// A charge request: its key, its caller and its body.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    pub key: Option<String>,
+    pub caller: Option<String>,
+    pub body: String,
+}
+
+impl Charge {
+    /// `{"amount": 1200, "currency": "EUR"}` from `Bearer <caller>` under `key`.
+    pub fn new(key: &str, caller: &str) -> Self {
+        Self {
+            key: Some(key.to_owned()),
+            caller: Some(caller.to_owned()),
+            body: r#"{"amount": 1200, "currency": "EUR"}"#.to_owned(),
+        }
+    }
+
+    pub fn body(self, body: &str) -> Self {
+        Self {
+            body: body.to_owned(),
+            ..self
+        }
+    }
+
+    pub fn without_key(self) -> Self {
+        Self { key: None, ..self }
+    }
+
+    pub fn key(self, key: &str) -> Self {
+        Self {
+            key: Some(key.to_owned()),
+            ..self
+        }
+    }
+
+    pub fn without_caller(self) -> Self {
+        Self {
+            caller: None,
+            ..self
+        }
+    }
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the process is running")
+    }
+
+    /// A client that outlives the borrow of the server, e.g. for a spawned task.
+    pub fn http(&self) -> Http {
+        self.http.clone()
+    }
+
+    /// Waits up to a second for a log line containing `text` (the pipes are read by
+    /// background tasks, so a line printed just now may not be there yet).
+    pub async fn wait_for_log(&self, text: &str) -> Vec<String> {
+        for _ in 0..40 {
+            let lines = self.logs.lines();
+            if lines.iter().any(|line| line.contains(text)) {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!(
+            "no log line contains {text:?}:\n{}",
+            self.logs.lines().join("\n")
+        );
+    }
+
+    async fn wait_until_ready(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // Give the log readers a moment to drain the pipes.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                panic!(
+                    "the example exited with {status} before answering:\n{}",
+                    self.logs.lines().join("\n")
+                );
+            }
+            if let Ok(Ok(reply)) = tokio::time::timeout(
+                Duration::from_secs(1),
+                self.try_send(Method::GET, "/stats", &[], ""),
+            )
+            .await
+            {
+                if reply.status == StatusCode::OK {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the example did not answer on {} within {PATIENCE:?}:\n{}",
+                self.addr,
+                self.logs.lines().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(mut self) -> ExitStatus {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("the example did not exit after SIGTERM")
+            .expect("wait")
+    }
+
+    /// SIGKILL: the process dies on the spot, whatever it was doing.
+    pub async fn kill_9(mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        self.child.wait().await.expect("wait");
+    }
+}
+
+impl Http {
+    async fn try_send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<Reply, Box<dyn std::error::Error + Send + Sync>> {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(Bytes::copy_from_slice(body.as_bytes())))?;
+        let response = self.client.request(request).await?;
+        let (parts, body) = response.into_parts();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await?.to_bytes(),
+        })
+    }
+
+    /// Sends a request; a transport error or a hang fails the test.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        match tokio::time::timeout(PATIENCE, self.try_send(method.clone(), path, headers, body))
+            .await
+        {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(error)) => panic!("{method} {path} on {} failed: {error}", self.addr),
+            Err(_) => panic!(
+                "{method} {path} on {} took longer than {PATIENCE:?}",
+                self.addr
+            ),
+        }
+    }
+
+    /// `POST /payments`, with the key and `Authorization` when given.
+    pub async fn charge(&self, charge: &Charge) -> Reply {
+        self.try_charge(charge)
+            .await
+            .unwrap_or_else(|error| panic!("POST /payments on {} failed: {error}", self.addr))
+    }
+
+    /// Like [`charge`](Self::charge), but a transport error is returned (the process may be
+    /// killed while the request runs).
+    pub async fn try_charge(
+        &self,
+        charge: &Charge,
+    ) -> Result<Reply, Box<dyn std::error::Error + Send + Sync>> {
+        let authorization = charge
+            .caller
+            .as_ref()
+            .map(|caller| format!("Bearer {caller}"));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(key) = &charge.key {
+            headers.push(("idempotency-key", key));
+        }
+        if let Some(authorization) = &authorization {
+            headers.push(("authorization", authorization));
+        }
+        tokio::time::timeout(
+            PATIENCE,
+            self.try_send(Method::POST, "/payments", &headers, &charge.body),
+        )
+        .await
+        .map_err(|_| format!("POST /payments took longer than {PATIENCE:?}"))?
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path, &[], "").await
+    }
+
+    /// `GET /stats`: the charges recorded in this process' payments store.
+    pub async fn charges(&self) -> u64 {
+        let reply = self.get("/stats").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        reply.json()["charges"]
+            .as_u64()
+            .expect("charges is a number")
+    }
+}

@@ -1,0 +1,239 @@
+//! A database several example processes share, private to one test: a fresh PostgreSQL
+//! schema, a fresh MySQL database, or a fresh SQLite file (plus Redis for the idempotency
+//! records). Each knows the environment that points the example at it and can count the
+//! charge rows behind the example's back.
+//!
+//! PostgreSQL keeps the example's unqualified table names (`payments`, `charges`,
+//! `tower_idempotency_records`) and isolates them with a schema of their own: the example's
+//! `DATABASE_URL` carries `options=-csearch_path=<schema>`, so every connection of its pool
+//! creates and finds its tables there. No table-prefix setting was needed in the example.
+
+use std::{future::Future, panic::AssertUnwindSafe, path::PathBuf};
+
+use futures_util::FutureExt;
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+
+use super::unique;
+
+/// True when `TEST_REQUIRE_ALL_BACKENDS=1`: a backend that is not configured or not reachable
+/// fails the test instead of skipping it.
+pub fn require_all() -> bool {
+    std::env::var("TEST_REQUIRE_ALL_BACKENDS").as_deref() == Ok("1")
+}
+
+/// The server URL in `var`, or `None` with a note when the test must be skipped.
+fn url_or_skip(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if require_all() => panic!("{var} is not set but TEST_REQUIRE_ALL_BACKENDS=1"),
+        _ => {
+            eprintln!("skipped: {var} is not set");
+            None
+        }
+    }
+}
+
+/// `result`'s value, or `None` with a note when the server is unreachable (a failure with
+/// `TEST_REQUIRE_ALL_BACKENDS=1`).
+fn reachable<T>(var: &str, result: Result<T, sqlx::Error>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(error) if require_all() => {
+            panic!("{var} is set but the server is unreachable: {error}")
+        }
+        Err(error) => {
+            eprintln!("skipped: {var} is set but the server is unreachable: {error}");
+            None
+        }
+    }
+}
+
+#[derive(Clone)]
+pub enum Shared {
+    Postgres {
+        admin: PgPool,
+        schema: String,
+        url: String,
+    },
+    MySql {
+        admin: MySqlPool,
+        database: String,
+        url: String,
+    },
+    /// Payments in a SQLite file; idempotency records in the same file, or in Redis.
+    Sqlite {
+        dir: PathBuf,
+        url: String,
+        redis_url: Option<String>,
+    },
+}
+
+impl Shared {
+    /// A fresh schema in `TEST_POSTGRES_URL`'s database.
+    pub async fn postgres() -> Option<Self> {
+        let base = url_or_skip("TEST_POSTGRES_URL")?;
+        let admin = reachable("TEST_POSTGRES_URL", PgPool::connect(&base).await)?;
+        let schema = format!("payments_process_{}", unique());
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .expect("create schema");
+        let separator = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{separator}options=-csearch_path%3D{schema}");
+        Some(Self::Postgres { admin, schema, url })
+    }
+
+    /// A fresh database on `TEST_MYSQL_URL`'s server.
+    pub async fn mysql() -> Option<Self> {
+        let base = url_or_skip("TEST_MYSQL_URL")?;
+        let admin = reachable("TEST_MYSQL_URL", MySqlPool::connect(&base).await)?;
+        let database = format!("payments_process_{}", unique());
+        sqlx::query(&format!("CREATE DATABASE {database}"))
+            .execute(&admin)
+            .await
+            .expect("create database");
+        let url = with_database(&base, &database);
+        Some(Self::MySql {
+            admin,
+            database,
+            url,
+        })
+    }
+
+    /// A fresh SQLite file (SQLite needs no server, so this never skips).
+    pub fn sqlite() -> Self {
+        let dir = std::env::temp_dir().join(format!("payments-process-{}", unique()));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        let url = format!("sqlite://{}", dir.join("payments.db").display());
+        Self::Sqlite {
+            dir,
+            url,
+            redis_url: None,
+        }
+    }
+
+    /// Idempotency records in `TEST_REDIS_URL`, payments in a fresh SQLite file (so that the
+    /// charges of every process, dead or alive, can be counted in one place). Keys are kept
+    /// apart from other runs by the random keys and callers the tests use.
+    pub fn redis() -> Option<Self> {
+        let redis_url = url_or_skip("TEST_REDIS_URL")?;
+        match Self::sqlite() {
+            Self::Sqlite { dir, url, .. } => Some(Self::Sqlite {
+                dir,
+                url,
+                redis_url: Some(redis_url),
+            }),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Runs `test` on this backend, then drops the schema, database or file, whether the
+    /// test passed or panicked.
+    pub async fn run<F: Future<Output = ()>>(self, test: impl FnOnce(Self) -> F) {
+        let outcome = AssertUnwindSafe(test(self.clone())).catch_unwind().await;
+        self.clean_up().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Postgres { .. } => "postgres",
+            Self::MySql { .. } => "mysql",
+            Self::Sqlite {
+                redis_url: None, ..
+            } => "sqlite",
+            Self::Sqlite {
+                redis_url: Some(_), ..
+            } => "redis",
+        }
+    }
+
+    /// The example's environment for this backend.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        match self {
+            Self::Postgres { url, .. } | Self::MySql { url, .. } => {
+                env.push(("DATABASE_URL".to_owned(), url.clone()));
+            }
+            Self::Sqlite { url, redis_url, .. } => {
+                env.push(("DATABASE_URL".to_owned(), url.clone()));
+                if let Some(redis_url) = redis_url {
+                    env.push(("REDIS_URL".to_owned(), redis_url.clone()));
+                }
+            }
+        }
+        env
+    }
+
+    /// The rows in the `charges` table, counted directly in the database.
+    pub async fn charge_rows(&self) -> i64 {
+        let count = match self {
+            Self::Postgres { admin, schema, .. } => {
+                sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {schema}.charges"))
+                    .fetch_one(admin)
+                    .await
+            }
+            Self::MySql {
+                admin, database, ..
+            } => {
+                sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {database}.charges"))
+                    .fetch_one(admin)
+                    .await
+            }
+            Self::Sqlite { url, .. } => {
+                let pool = SqlitePool::connect(url)
+                    .await
+                    .expect("open the SQLite file");
+                let count = sqlx::query_scalar("SELECT COUNT(*) FROM charges")
+                    .fetch_one(&pool)
+                    .await;
+                pool.close().await;
+                count
+            }
+        };
+        count.expect("count the charge rows")
+    }
+
+    async fn clean_up(self) {
+        match self {
+            Self::Postgres { admin, schema, .. } => {
+                sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                    .execute(&admin)
+                    .await
+                    .expect("drop schema");
+            }
+            Self::MySql {
+                admin, database, ..
+            } => {
+                sqlx::query(&format!("DROP DATABASE {database}"))
+                    .execute(&admin)
+                    .await
+                    .expect("drop database");
+            }
+            Self::Sqlite { dir, .. } => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+/// `url` with its database (the path) replaced: `mysql://root@host:3306/test?x=y` ->
+/// `mysql://root@host:3306/<database>?x=y`.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |i| authority_start + i);
+    let mut out = format!("{}/{database}", &base[..path_start]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
