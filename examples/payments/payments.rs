@@ -35,8 +35,17 @@ pub trait Payments: Send + Sync {
     async fn charges(&self) -> Result<u64, Error>;
 }
 
-pub fn new_id() -> String {
-    format!("pay_{:016x}", rand::random::<u64>())
+impl Payment {
+    /// A new payment: a fresh random id, status `pending`, version 1.
+    pub fn pending(amount: i64, currency: &str) -> Self {
+        Self {
+            id: format!("pay_{:016x}", rand::random::<u64>()),
+            amount,
+            currency: currency.to_owned(),
+            status: "pending".to_owned(),
+            version: 1,
+        }
+    }
 }
 
 /// Payments in this process' memory; the map keeps each payment's version.
@@ -48,13 +57,7 @@ pub struct MemoryPayments {
 #[async_trait]
 impl Payments for MemoryPayments {
     async fn create(&self, amount: i64, currency: &str) -> Result<Payment, Error> {
-        let payment = Payment {
-            id: new_id(),
-            amount,
-            currency: currency.to_owned(),
-            status: "pending".to_owned(),
-            version: 1,
-        };
+        let payment = Payment::pending(amount, currency);
         // Ids are random, so this never meets an existing one; the map's own version starts
         // at 1 like the payment's.
         let _ = self.rows.insert_new(payment.id.clone(), payment.clone());

@@ -467,10 +467,7 @@ impl Store for MySqlStore {
             .execute(&self.pool)
             .await
             .map_err(backend)?;
-        match result.rows_affected() {
-            0 => Err(StoreError::StaleToken),
-            _ => Ok(()),
-        }
+        sql::fenced(result.rows_affected())
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
@@ -481,10 +478,7 @@ impl Store for MySqlStore {
             .execute(&self.pool)
             .await
             .map_err(backend)?;
-        match result.rows_affected() {
-            0 => Err(StoreError::StaleToken),
-            _ => Ok(()),
-        }
+        sql::fenced(result.rows_affected())
     }
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {

@@ -423,7 +423,7 @@ impl Store for PostgresStore {
             .execute(&self.pool)
             .await
             .map_err(backend)?;
-        fenced(done.rows_affected())
+        sql::fenced(done.rows_affected())
     }
 
     async fn complete(
@@ -442,7 +442,7 @@ impl Store for PostgresStore {
             .execute(&self.pool)
             .await
             .map_err(backend)?;
-        fenced(done.rows_affected())
+        sql::fenced(done.rows_affected())
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
@@ -453,7 +453,7 @@ impl Store for PostgresStore {
             .execute(&self.pool)
             .await
             .map_err(backend)?;
-        fenced(done.rows_affected())
+        sql::fenced(done.rows_affected())
     }
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
@@ -473,15 +473,6 @@ impl Store for PostgresStore {
             .await
             .map_err(backend)?;
         Ok(done.rows_affected())
-    }
-}
-
-/// A fenced statement touches the one row held by the token, or nothing.
-fn fenced(rows: u64) -> Result<(), StoreError> {
-    if rows == 0 {
-        Err(StoreError::StaleToken)
-    } else {
-        Ok(())
     }
 }
 

@@ -13,6 +13,16 @@ pub(crate) fn backend(backend: &'static str, error: sqlx::Error) -> StoreError {
     StoreError::backend(backend, error)
 }
 
+/// The answer of a fenced statement (`complete`, `release`, `renew`): it touches the one
+/// row the token holds, or nothing because the token no longer holds a live claim.
+pub(crate) fn fenced(rows_affected: u64) -> Result<(), StoreError> {
+    if rows_affected == 0 {
+        Err(StoreError::StaleToken)
+    } else {
+        Ok(())
+    }
+}
+
 /// Reads a 16-byte token column.
 pub(crate) fn decode_token(backend: &'static str, bytes: &[u8]) -> Result<Token, StoreError> {
     <[u8; 16]>::try_from(bytes)

@@ -386,13 +386,11 @@ impl SqliteStore {
     fn fenced(
         result: Result<sqlx::sqlite::SqliteQueryResult, sqlx::Error>,
     ) -> Result<(), StoreError> {
-        match result
-            .map_err(|err| sql::backend(BACKEND, err))?
-            .rows_affected()
-        {
-            0 => Err(StoreError::StaleToken),
-            _ => Ok(()),
-        }
+        sql::fenced(
+            result
+                .map_err(|err| sql::backend(BACKEND, err))?
+                .rows_affected(),
+        )
     }
 }
 

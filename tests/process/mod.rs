@@ -9,7 +9,7 @@
 pub mod shared;
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::PathBuf,
     process::{ExitStatus, Stdio},
     sync::{Arc, Mutex, PoisonError},
@@ -66,13 +66,6 @@ fn binary() -> PathBuf {
     path
 }
 
-/// A port nobody listens on right now. The example binds its address itself, so the test
-/// cannot hand it a listener: bind port 0, read the port the OS chose, let it go.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local_addr").port()
-}
-
 /// What to start: the example with some environment variables.
 #[derive(Debug, Clone, Default)]
 pub struct Launch {
@@ -95,14 +88,17 @@ impl Launch {
     }
 
     /// Starts the process and waits until it answers `GET /stats`.
+    ///
+    /// The example binds port 0 and the test reads the port from its start line: a port
+    /// picked by the test and bound later by the example could be taken in between by a
+    /// parallel test, whose server would then answer in this one's place.
     pub async fn start(self) -> Server {
-        let addr: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let mut command = Command::new(binary());
         for var in CONTRACT_VARS {
             command.env_remove(var);
         }
         command
-            .env("BIND", addr.to_string())
+            .env("BIND", "127.0.0.1:0")
             .env("NO_COLOR", "1")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -114,6 +110,7 @@ impl Launch {
         let logs = Logs::default();
         logs.collect(child.stdout.take().expect("piped stdout"));
         logs.collect(child.stderr.take().expect("piped stderr"));
+        let addr = listening_addr(&mut child, &logs).await;
         let mut server = Server {
             child,
             logs,
@@ -124,6 +121,34 @@ impl Launch {
         };
         server.wait_until_ready().await;
         server
+    }
+}
+
+/// The address in the example's start line (`listening on http://ADDR ...`).
+async fn listening_addr(child: &mut Child, logs: &Logs) -> SocketAddr {
+    const MARK: &str = "listening on http://";
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let found = logs.lines().iter().find_map(|line| {
+            let rest = &line[line.find(MARK)? + MARK.len()..];
+            rest.split_whitespace().next()?.parse().ok()
+        });
+        if let Some(addr) = found {
+            return addr;
+        }
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            panic!(
+                "the example exited with {status} before listening:\n{}",
+                logs.lines().join("\n")
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the example did not log its address within {PATIENCE:?}:\n{}",
+            logs.lines().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
