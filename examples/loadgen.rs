@@ -466,11 +466,13 @@ impl Run {
             .await;
         let answers = tally.record(copies);
         if answers.len() > 1 {
-            let fastest = answers.iter().map(|a| a.latency).min().unwrap_or_default();
-            let mut lags = answers.iter().map(|a| micros(a.latency - fastest));
-            // Leave out one zero: the fastest copy itself.
-            let _ = lags.position(|lag| lag == 0);
-            tally.loser_lag_us.extend(lags);
+            // Every copy but the fastest: how much later than it did each answer?
+            let mut latencies: Vec<Duration> = answers.iter().map(|a| a.latency).collect();
+            latencies.sort_unstable();
+            let fastest = latencies[0];
+            tally
+                .loser_lag_us
+                .extend(latencies[1..].iter().map(|&l| micros(l - fastest)));
         }
         check_identical(&key, &answers, tally);
 
