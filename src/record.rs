@@ -61,6 +61,18 @@ impl StoreKey {
     pub fn log_id(&self) -> String {
         hex(&self.digest()[..8])
     }
+
+    /// [`log_id`](Self::log_id), computed only if something formats it: a span field that
+    /// no subscriber records then costs no SHA-256 (the request path creates one per request).
+    pub(crate) fn lazy_log_id(&self) -> impl fmt::Display + '_ {
+        struct LogId<'a>(&'a StoreKey);
+        impl fmt::Display for LogId<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0.log_id())
+            }
+        }
+        LogId(self)
+    }
 }
 
 impl fmt::Debug for StoreKey {
@@ -208,7 +220,7 @@ fn hash_field(hasher: &mut Sha256, field: &[u8]) {
     hasher.update(field);
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for byte in bytes {

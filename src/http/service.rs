@@ -172,7 +172,7 @@ where
     let config = &layer.config;
     let (parts, body) = request.into_parts();
     let key = StoreKey::new((config.scope)(&parts), key);
-    let span = tracing::info_span!("idempotency", key = %key.log_id(), method = %parts.method);
+    let span = tracing::info_span!("idempotency", key = %key.lazy_log_id(), method = %parts.method);
     async {
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
             Ok(body) => body,
