@@ -2,6 +2,7 @@
 //! module knows about HTTP.
 
 mod body;
+mod detach;
 mod fingerprint;
 mod key;
 mod layer;

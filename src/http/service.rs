@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use super::{
     body::{self, collect_up_to, Collected, Prefixed, ResponseBody},
+    detach::DetachOnDrop,
     fingerprint::fingerprint,
     key::parse_key,
     layer::{Config, IdempotencyLayer, IDEMPOTENT_REPLAYED},
@@ -191,12 +192,8 @@ where
             layer.config.clone(),
         );
         if config.detach {
-            // In its own task, the handler outlives a client that hangs up.
-            let run = run.in_current_span();
-            match tokio::spawn(run).await {
-                Ok(result) => result,
-                Err(_) => Ok(render(config, Rejection::HandlerPanicked)),
-            }
+            // If the client hangs up, the handler finishes (and records) in its own task.
+            DetachOnDrop::new(run.in_current_span()).await
         } else {
             run.await
         }
