@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use moka::{future::Cache, ops::compute::Op, Expiry};
+use moka::{ops::compute::Op, sync::Cache, Expiry};
 
 use super::{Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
@@ -147,20 +147,17 @@ impl MemoryStore {
         change: impl FnOnce(Entry) -> Op<Entry>,
     ) -> Result<(), StoreError> {
         let mut held = false;
-        self.cache
-            .entry_by_ref(key)
-            .and_compute_with(|current| {
-                let now = Instant::now();
-                let op = match current.map(|e| e.into_value()) {
-                    Some(entry) if entry.is_claimed_by(token, now) => {
-                        held = true;
-                        change(entry)
-                    }
-                    _ => Op::Nop,
-                };
-                std::future::ready(op)
-            })
-            .await;
+        self.cache.entry_by_ref(key).and_compute_with(|current| {
+            let now = Instant::now();
+            let op = match current.map(|e| e.into_value()) {
+                Some(entry) if entry.is_claimed_by(token, now) => {
+                    held = true;
+                    change(entry)
+                }
+                _ => Op::Nop,
+            };
+            op
+        });
         if held {
             Ok(())
         } else {
@@ -193,24 +190,21 @@ impl Store for MemoryStore {
     ) -> Result<ClaimOutcome, StoreError> {
         let token = Token::random();
         let mut outcome = ClaimOutcome::Claimed(token);
-        self.cache
-            .entry_by_ref(key)
-            .and_compute_with(|current| {
-                let now = Instant::now();
-                let op = match current.map(|e| e.into_value()) {
-                    Some(entry) if entry.is_live(now) => {
-                        outcome = ClaimOutcome::Existing(entry.record());
-                        Op::Nop
-                    }
-                    _ => Op::Put(Entry {
-                        fingerprint: *fingerprint,
-                        state: State::InProgress(token),
-                        deadline: now + lease,
-                    }),
-                };
-                std::future::ready(op)
-            })
-            .await;
+        self.cache.entry_by_ref(key).and_compute_with(|current| {
+            let now = Instant::now();
+            let op = match current.map(|e| e.into_value()) {
+                Some(entry) if entry.is_live(now) => {
+                    outcome = ClaimOutcome::Existing(entry.record());
+                    Op::Nop
+                }
+                _ => Op::Put(Entry {
+                    fingerprint: *fingerprint,
+                    state: State::InProgress(token),
+                    deadline: now + lease,
+                }),
+            };
+            op
+        });
         Ok(outcome)
     }
 
@@ -250,7 +244,6 @@ impl Store for MemoryStore {
         Ok(self
             .cache
             .get(key)
-            .await
             .filter(|entry| entry.is_live(now))
             .map(|entry| entry.record()))
     }
@@ -260,7 +253,7 @@ impl Store for MemoryStore {
         // runs a pass now. The count is what the pass removed, as moka reports it, and may
         // include records evicted for capacity.
         let before = self.cache.entry_count();
-        self.cache.run_pending_tasks().await;
+        self.cache.run_pending_tasks();
         Ok(before.saturating_sub(self.cache.entry_count()))
     }
 }
