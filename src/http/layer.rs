@@ -182,8 +182,9 @@ impl IdempotencyLayer {
         self.with(|c| c.mark_replayed = mark)
     }
 
-    /// Runs the inner service in its own task (default on), so a client that disconnects
-    /// cannot cut the handler in half: it finishes and its response is stored. Off: a
+    /// Keeps the handler running when its client disconnects (default on): the rest of it
+    /// moves to a task of its own, finishes, and its response is stored. (Only a disconnect
+    /// costs a task; a request whose client waits runs in the caller's task.) Off: a
     /// disconnect drops the handler and releases the key.
     pub fn detach(self, detach: bool) -> Self {
         self.with(|c| c.detach = detach)
