@@ -149,14 +149,13 @@ impl MemoryStore {
         let mut held = false;
         self.cache.entry_by_ref(key).and_compute_with(|current| {
             let now = Instant::now();
-            let op = match current.map(|e| e.into_value()) {
+            match current.map(|e| e.into_value()) {
                 Some(entry) if entry.is_claimed_by(token, now) => {
                     held = true;
                     change(entry)
                 }
                 _ => Op::Nop,
-            };
-            op
+            }
         });
         if held {
             Ok(())
@@ -192,7 +191,7 @@ impl Store for MemoryStore {
         let mut outcome = ClaimOutcome::Claimed(token);
         self.cache.entry_by_ref(key).and_compute_with(|current| {
             let now = Instant::now();
-            let op = match current.map(|e| e.into_value()) {
+            match current.map(|e| e.into_value()) {
                 Some(entry) if entry.is_live(now) => {
                     outcome = ClaimOutcome::Existing(entry.record());
                     Op::Nop
@@ -202,8 +201,7 @@ impl Store for MemoryStore {
                     state: State::InProgress(token),
                     deadline: now + lease,
                 }),
-            };
-            op
+            }
         });
         Ok(outcome)
     }

@@ -16,7 +16,7 @@ pub struct Versioned<V> {
 }
 
 /// An in-process map of versioned rows with the same compare-and-set semantics as
-/// [`VersionedTable`](super::VersionedTable) over SQL: for tests and for applications that
+/// `VersionedTable` over SQL: for tests and for applications that
 /// keep their data in memory.
 ///
 /// Each operation holds one lock for its whole check-and-write, so the compare and the set

@@ -9,12 +9,12 @@
 //!
 //! | piece | what it is |
 //! |---|---|
-//! | [`VersionedTable`] | `update_if_version` / `insert_new` over sqlx (PostgreSQL, SQLite, MySQL / MariaDB) |
+//! | `VersionedTable` (features `postgres`, `sqlite`, `mysql`) | `update_if_version` / `insert_new` over sqlx (PostgreSQL, SQLite, MySQL / MariaDB) |
 //! | [`MemoryVersioned`] | the same semantics for an in-process map |
 //! | [`retry_on_conflict`] | re-run a read-modify-write while it loses races |
 //! | [`ETag`], [`ETagList`], [`Preconditions`] | entity tags and RFC 9110 precondition evaluation |
 //! | [`PreconditionRejection`] | 400 / 404 / 412 / 428 problem+json, 304 |
-//! | [`RequireIfMatch`] | (feature `axum`) an extractor answering 428 without `If-Match` |
+//! | `RequireIfMatch` | (feature `axum`) an extractor answering 428 without `If-Match` |
 //!
 //! ```
 //! use http::{HeaderMap, HeaderValue};

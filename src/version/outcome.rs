@@ -1,6 +1,6 @@
 use super::Version;
 
-/// What [`update_if_version`](super::VersionedTable::update_if_version) (or
+/// What `VersionedTable::update_if_version` (or
 /// [`MemoryVersioned::update_if_version`](super::MemoryVersioned::update_if_version)) did.
 ///
 /// `R` is the row type when the caller asked for rows back, `()` otherwise.
