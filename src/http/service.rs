@@ -180,22 +180,24 @@ where
             Err(rejection) => return Ok(render(config, rejection)),
         };
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
-        let claim = match layer.engine.begin(key, fingerprint).await {
-            Ok(Begin::Run(claim)) => claim,
-            Ok(Begin::Replay(payload)) => return Ok(replay(config, payload)),
-            Err(error) => return Ok(render(config, rejection_for(error))),
+        let (engine, config) = (layer.engine.clone(), layer.config.clone());
+        let detach = config.detach;
+        // From the claim on, the work is detachable: a client hanging up while the claim is
+        // in flight must not leave a claim behind that nobody completes or releases.
+        let claim_and_run = async move {
+            let claim = match engine.begin(key, fingerprint).await {
+                Ok(Begin::Run(claim)) => claim,
+                Ok(Begin::Replay(payload)) => return Ok(replay(&config, payload)),
+                Err(error) => return Ok(render(&config, rejection_for(error))),
+            };
+            let request = Request::from_parts(parts, ReqBody::from(body));
+            execute(inner, claim, request, config).await
         };
-        let run = execute(
-            inner,
-            claim,
-            Request::from_parts(parts, ReqBody::from(body)),
-            layer.config.clone(),
-        );
-        if config.detach {
-            // If the client hangs up, the handler finishes (and records) in its own task.
-            DetachOnDrop::new(run.in_current_span()).await
+        if detach {
+            // If the client hangs up, the rest finishes (and records) in its own task.
+            DetachOnDrop::new(claim_and_run.in_current_span()).await
         } else {
-            run.await
+            claim_and_run.await
         }
     }
     .instrument(span)
