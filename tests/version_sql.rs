@@ -23,18 +23,9 @@ struct Payment {
     version: i64,
 }
 
-fn url(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("TEST_REQUIRE_ALL_BACKENDS").as_deref() == Ok("1") => {
-            panic!("{var} is not set and TEST_REQUIRE_ALL_BACKENDS=1")
-        }
-        _ => {
-            eprintln!("skipped: {var} is not set");
-            None
-        }
-    }
-}
+#[path = "support/backends.rs"]
+mod backends;
+use backends::url_or_skip as url;
 
 fn table_name(test: &str) -> String {
     format!("vt_{test}_{:016x}", rand::random::<u64>())

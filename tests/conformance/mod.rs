@@ -22,23 +22,10 @@ use tower_idempotency::{
 
 pub type DynStore = Arc<dyn Store>;
 
-/// The server URL in `var`, or `None` (with a note on stderr) when it is unset, unless
-/// `TEST_REQUIRE_ALL_BACKENDS=1`, which makes a missing URL a failure.
-pub fn url_or_skip(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if require_all() => panic!("{var} is not set but TEST_REQUIRE_ALL_BACKENDS=1"),
-        _ => {
-            eprintln!("skipped: {var} is not set");
-            None
-        }
-    }
-}
-
-/// True when `TEST_REQUIRE_ALL_BACKENDS=1`: an unreachable server must fail the test.
-pub fn require_all() -> bool {
-    std::env::var("TEST_REQUIRE_ALL_BACKENDS").as_deref() == Ok("1")
-}
+#[path = "../support/backends.rs"]
+mod backends;
+#[allow(unused_imports)] // each test binary uses a different part
+pub use backends::{require_all, url_or_skip};
 
 pub fn fresh_scope() -> String {
     format!("conformance-{}", Token::random().to_hex())

@@ -15,23 +15,11 @@ use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use super::unique;
 
-/// True when `TEST_REQUIRE_ALL_BACKENDS=1`: a backend that is not configured or not reachable
-/// fails the test instead of skipping it.
-pub fn require_all() -> bool {
-    std::env::var("TEST_REQUIRE_ALL_BACKENDS").as_deref() == Ok("1")
-}
-
-/// The server URL in `var`, or `None` with a note when the test must be skipped.
-fn url_or_skip(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if require_all() => panic!("{var} is not set but TEST_REQUIRE_ALL_BACKENDS=1"),
-        _ => {
-            eprintln!("skipped: {var} is not set");
-            None
-        }
-    }
-}
+#[path = "../support/backends.rs"]
+mod backends;
+#[allow(unused_imports)] // each test binary uses a different part
+pub use backends::require_all;
+use backends::url_or_skip;
 
 /// `result`'s value, or `None` with a note when the server is unreachable (a failure with
 /// `TEST_REQUIRE_ALL_BACKENDS=1`).
