@@ -71,10 +71,12 @@ impl Budget {
         }
     }
 
-    /// Counts a refused claim and logs the start of a "full" episode.
-    pub(super) fn refuse(&self) {
+    /// Counts a refused claim and logs the start of a "full" episode; true when this refusal
+    /// started one.
+    pub(super) fn refuse(&self) -> bool {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        if !self.full.swap(true, Ordering::Relaxed) {
+        let starts = !self.full.swap(true, Ordering::Relaxed);
+        if starts {
             tracing::warn!(
                 used_bytes = self.used(),
                 max_bytes = self.max,
@@ -82,5 +84,29 @@ impl Budget {
                  expire; raise MemoryStoreBuilder::max_bytes or shorten the retention"
             );
         }
+        starts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Budget;
+
+    #[test]
+    fn one_warning_per_episode_of_refusals() {
+        let budget = Budget::new(100);
+        assert!(budget.try_take(100));
+        assert!(!budget.try_take(1));
+        assert!(budget.refuse(), "the first refusal starts an episode");
+        assert!(!budget.refuse(), "later ones belong to it");
+        // Room again, but still above 90%: the same episode.
+        budget.give_back(5);
+        assert!(budget.try_take(1));
+        assert!(!budget.refuse());
+        // Clearly below the limit: the episode ends with the next admitted claim.
+        budget.give_back(50);
+        assert!(budget.try_take(1));
+        assert!(budget.refuse(), "a new episode warns again");
+        assert_eq!(budget.refused(), 4);
     }
 }
