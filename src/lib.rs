@@ -4,7 +4,7 @@
 //!
 //! Data flows one way: the HTTP face ([`http`]) asks the [`engine`], which asks a
 //! [`store::Store`]. Nothing below [`http`] knows about HTTP; [`record`] holds what is stored.
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub mod engine;

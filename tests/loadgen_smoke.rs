@@ -3,32 +3,14 @@
 //! FAILS when the layer is off — so the verdict `scripts/bench` relies on can tell the
 //! difference — and its If-Match storm finds exactly one winner per version.
 //!
-//! Both binaries are the ones `cargo test` builds next to the test binaries
-//! (`target/<profile>/examples/`). `cargo test --test loadgen_smoke` alone does not build
-//! examples: run `cargo build --examples` first in that case.
+//! Both binaries are built on demand (`tests/support/example_binary.rs`), so this runs the
+//! same under `cargo test` and `cargo test --test loadgen_smoke` on a fresh clone.
 
 mod process;
 
-use std::{path::PathBuf, process::Output};
+use std::process::Output;
 
 use process::{shared::Shared, Launch, Server};
-
-/// `target/<profile>/examples/loadgen`, next to this test binary's `deps/` folder.
-fn loadgen_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps")
-        .join("examples")
-        .join("loadgen");
-    assert!(
-        path.exists(),
-        "{} does not exist: run `cargo test` (which builds the examples) or `cargo build --examples`",
-        path.display()
-    );
-    path
-}
 
 fn target(server: &Server) -> String {
     format!("http://{}", server.addr)
@@ -36,7 +18,7 @@ fn target(server: &Server) -> String {
 
 /// Runs loadgen to the end; its output, and stdout as text.
 async fn loadgen(args: &[&str]) -> (Output, String) {
-    let output = tokio::process::Command::new(loadgen_binary())
+    let output = tokio::process::Command::new(process::example_binary("loadgen"))
         .args(args)
         .kill_on_drop(true)
         .output()

@@ -1,4 +1,5 @@
-//! The conformance suite against the in-memory store.
+//! The conformance suite against the in-memory store. Its byte budget is exercised in
+//! `store_memory_budget.rs`.
 //!
 //! Each "instance" of the memory store is a clone of one shared store: clones share records,
 //! as two layers in one process would.

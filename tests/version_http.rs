@@ -373,6 +373,52 @@ async fn malformed_preconditions_are_400_problem_json() {
     assert_eq!(docs.get(&1).unwrap().version, Version::INITIAL);
 }
 
+/// A list of `n` tags ending with the current one (`"1"`), so that only the cap can refuse it.
+fn tags_ending_with_current(n: u64) -> Vec<String> {
+    let mut tags: Vec<String> = (1..n).map(|i| format!("\"{}\"", 1000 + i)).collect();
+    tags.push("\"1\"".to_owned());
+    tags
+}
+
+#[tokio::test]
+async fn more_entity_tags_than_the_limit_are_400_and_change_nothing() {
+    let limit = ETagList::MAX_TAGS as u64;
+    let (router, docs) = app();
+    let at_limit = tags_ending_with_current(limit).join(", ");
+    let over = tags_ending_with_current(limit + 1);
+    // Over the limit on one line, or spread over several lines of the header.
+    let one_line = over.join(", ");
+    let (first, second) = over.split_at(over.len() / 2);
+    let (first, second) = (first.join(", "), second.join(", "));
+    for headers in [
+        vec![("if-match", one_line.as_str())],
+        vec![("if-match", first.as_str()), ("if-match", second.as_str())],
+    ] {
+        let answer = send(&router, "PATCH", "/docs/1", &headers, "x").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            answer.problem_type(),
+            "urn:tower-idempotency:invalid-precondition"
+        );
+        assert!(answer.body.contains(&limit.to_string()), "{}", answer.body);
+        let none_match: Vec<_> = headers.iter().map(|(_, v)| ("if-none-match", *v)).collect();
+        let answer = send(&router, "GET", "/docs/1", &none_match, "").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    }
+    assert_eq!(docs.get(&1).unwrap().version, Version::INITIAL);
+    // Exactly the limit is still a valid list, and the current tag in it matches.
+    let answer = send(
+        &router,
+        "PATCH",
+        "/docs/1",
+        &[("if-match", at_limit.as_str())],
+        "y",
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(docs.get(&1).unwrap().version, Version::new(2));
+}
+
 #[test]
 fn evaluation_order_follows_rfc_9110() {
     let tag = |v| ETag::from(Version::new(v));

@@ -288,6 +288,50 @@ macro_rules! suite {
             f.drop_table().await;
         }
 
+        /// Unquoted SQL identifiers are case-insensitive on every dialect, so `Version` is
+        /// the version column: setting it would corrupt the version (MySQL writes it).
+        #[tokio::test]
+        async fn reserved_and_duplicate_columns_are_refused_in_any_case() {
+            assert!(matches!(
+                VersionedTable::new("payments", "id", "ID"),
+                Err(VersionError::ReservedColumn { .. })
+            ));
+            let Some(f) = setup("case").await else { return };
+            create_row(&f, 1, "new").await;
+            for column in ["Version", "VERSION", "Id", "iD"] {
+                let error = f
+                    .table
+                    .update_if_version(&f.pool, 1i64, Version::INITIAL, |set| {
+                        set.value("status", "paid").value(column, 99i64);
+                    })
+                    .await
+                    .unwrap_err();
+                assert!(matches!(error, VersionError::ReservedColumn { .. }), "{column}: {error:?}");
+                let error = f
+                    .table
+                    .insert_new(&f.pool, 2i64, |set| {
+                        set.value("status", "new").value("counter", 0i64).value(column, 99i64);
+                    })
+                    .await
+                    .unwrap_err();
+                assert!(matches!(error, VersionError::ReservedColumn { .. }), "{column}: {error:?}");
+            }
+            let twice = f
+                .table
+                .update_if_version(&f.pool, 1i64, Version::INITIAL, |set| {
+                    set.value("status", "a").value("STATUS", "b");
+                })
+                .await
+                .unwrap_err();
+            assert!(matches!(twice, VersionError::DuplicateColumn { .. }), "{twice:?}");
+            // None of the refused statements ran: the row is untouched, no row 2 exists.
+            let (version, row) = read(&f, 1).await.unwrap();
+            assert_eq!(version, Version::INITIAL);
+            assert_eq!((row.status.as_str(), row.version), ("new", 1));
+            assert_eq!(read(&f, 2).await, None);
+            f.drop_table().await;
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn retry_on_conflict_in_transactions_loses_no_increment() {
             let Some(f) = setup("retry").await else { return };

@@ -39,6 +39,18 @@ pub enum StoreError {
         detail: String,
     },
 
+    /// The store has no room for another record: its byte budget is held by live claims and
+    /// completed records within their retention, none of which it may drop. Nothing was
+    /// stored and no handler should run; answer "service unavailable" and let the client
+    /// retry once records expire.
+    #[error("the idempotency store is full ({used_bytes} of {max_bytes} bytes held by live claims and unexpired records); nothing was stored: retry later, raise the store's byte budget or shorten the retention")]
+    Full {
+        /// Bytes charged when the claim was refused.
+        used_bytes: u64,
+        /// The budget.
+        max_bytes: u64,
+    },
+
     /// The store was configured with a value it cannot use (a table name, a lease too long
     /// for the backend, ...).
     #[error("invalid idempotency store configuration: {0}")]

@@ -1,4 +1,7 @@
-use std::fmt;
+use std::{
+    fmt,
+    hash::{Hash, Hasher},
+};
 
 use crate::store::{InvalidTableName, TableName};
 
@@ -9,8 +12,14 @@ use crate::store::{InvalidTableName, TableName};
 /// use tower_idempotency::version::ColumnName;
 /// assert!(ColumnName::new("status").is_ok());
 /// assert!(ColumnName::new("status = 'paid' --").is_err());
+///
+/// // Unquoted identifiers are case-insensitive in PostgreSQL, MySQL and SQLite alike.
+/// assert_eq!(ColumnName::new("Version").unwrap(), ColumnName::new("version").unwrap());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+///
+/// Equality and hashing ignore ASCII case, because the name goes into SQL unquoted, where
+/// `Version` and `version` are the same column on every dialect.
+#[derive(Clone)]
 pub struct ColumnName(String);
 
 impl ColumnName {
@@ -24,6 +33,24 @@ impl ColumnName {
     /// The name as it appears in SQL (unquoted; it needs no quoting by construction).
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl PartialEq for ColumnName {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.eq_ignore_ascii_case(&other.0)
+    }
+}
+
+impl Eq for ColumnName {}
+
+impl Hash for ColumnName {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for byte in self.0.bytes() {
+            state.write_u8(byte.to_ascii_lowercase());
+        }
+        // Terminates the name, as `str` hashing does, so that adjacent names stay apart.
+        state.write_u8(0xff);
     }
 }
 

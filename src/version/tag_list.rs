@@ -12,7 +12,9 @@ use super::ETag;
 ///   a tag on another) is an error, because the grammar is `"*" / #entity-tag` and the two
 ///   readings ("any" or "only these") contradict each other;
 /// - a header present with no tag at all is an error;
-/// - empty list elements (`"1", , "2"`) are ignored as RFC 9110 §5.6.1.2 requires.
+/// - empty list elements (`"1", , "2"`) are ignored as RFC 9110 §5.6.1.2 requires;
+/// - at most [`MAX_TAGS`](Self::MAX_TAGS) entity tags over all lines: a longer list is an
+///   error, so a huge header cannot turn into thousands of comparisons or SQL parameters.
 ///
 /// ```
 /// use http::{header::IF_MATCH, HeaderMap, HeaderValue};
@@ -50,6 +52,10 @@ pub struct InvalidPrecondition {
 }
 
 impl ETagList {
+    /// The most entity tags one `If-Match` / `If-None-Match` may carry (over all its lines).
+    /// A client sends the one ETag it read, or a few; 64 leaves ample room for that.
+    pub const MAX_TAGS: usize = 64;
+
     /// Parses every line of header `name`; `Ok(None)` when the header is absent.
     pub fn from_headers(
         headers: &HeaderMap,
@@ -131,6 +137,9 @@ fn parse_line(bytes: &[u8], stars: &mut usize, tags: &mut Vec<ETag>) -> Result<(
                 .ok_or("an entity tag is missing its closing quote")?;
             let end = i + 1 + close;
             let tag = ETag::parse(&bytes[start..=end]).map_err(|e| e.reason)?;
+            if tags.len() == ETagList::MAX_TAGS {
+                return Err("more than 64 entity tags; send only the ETags you read");
+            }
             tags.push(tag);
             i = end + 1;
         }
@@ -150,4 +159,18 @@ fn joined(headers: &HeaderMap, name: &HeaderName) -> String {
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .collect();
     super::etag::shown(all.join(", ").as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ETagList;
+
+    #[test]
+    fn the_limit_in_the_message_is_the_constant() {
+        let mut stars = 0;
+        let mut tags = Vec::new();
+        let line = vec!["\"1\""; ETagList::MAX_TAGS + 1].join(",");
+        let reason = super::parse_line(line.as_bytes(), &mut stars, &mut tags).unwrap_err();
+        assert!(reason.contains(&ETagList::MAX_TAGS.to_string()), "{reason}");
+    }
 }

@@ -1,16 +1,13 @@
 //! Runs the `payments` example as a real process and talks to it over HTTP.
 //!
-//! The binary is the one `cargo test` builds next to the test binaries
-//! (`target/<profile>/examples/payments`); a plain `cargo test` builds it, while
-//! `cargo test --test payments_process` alone does not, so run `cargo build --example
-//! payments` first in that case.
+//! The binary is built on demand by the first test that starts one (see
+//! `tests/support/example_binary.rs`), so any `cargo test` invocation finds it fresh.
 #![allow(dead_code)]
 
 pub mod shared;
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
     process::{ExitStatus, Stdio},
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
@@ -50,21 +47,9 @@ pub fn unique() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-/// The example binary, next to this test binary's `deps/` folder.
-fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let path = dir.join("examples").join("payments");
-    assert!(
-        path.exists(),
-        "{} does not exist: run `cargo test` (which builds the examples) or `cargo build --example payments`",
-        path.display()
-    );
-    path
-}
+#[path = "../support/example_binary.rs"]
+mod example_binary;
+pub use example_binary::example_binary;
 
 /// What to start: the example with some environment variables.
 #[derive(Debug, Clone, Default)]
@@ -93,7 +78,7 @@ impl Launch {
     /// picked by the test and bound later by the example could be taken in between by a
     /// parallel test, whose server would then answer in this one's place.
     pub async fn start(self) -> Server {
-        let mut command = Command::new(binary());
+        let mut command = Command::new(example_binary("payments"));
         for var in CONTRACT_VARS {
             command.env_remove(var);
         }

@@ -1,0 +1,313 @@
+//! One shard of the memory store: its records packed in a `Vec`, found through a hash table
+//! of indexes into it.
+//!
+//! A record is one fixed-size [`Slot`] (key digest, fingerprint, deadline, token or payload
+//! handle); the table holds only a `u32` per record. Keeping the slots out of the table is
+//! what keeps the overhead small: a hash table runs up to half empty after it grows, and an
+//! empty `u32` costs far less than an empty slot.
+
+use bytes::Bytes;
+use hashbrown::HashTable;
+
+use crate::record::{Fingerprint, Record, Token};
+
+/// The 32-byte digest a record is stored under ([`StoreKey::digest`](crate::StoreKey::digest)).
+pub(super) type Digest = [u8; 32];
+
+/// Milliseconds since the store's epoch (its own monotonic clock).
+pub(super) type Millis = u64;
+
+/// What the budget charges for one record besides its payload: its slot and its index entry
+/// (a `u32` plus the table's control byte, rounded up).
+pub(super) const RECORD_BYTES: u64 = (std::mem::size_of::<Slot>() + 8) as u64;
+
+pub(super) struct Slot {
+    key: Digest,
+    fingerprint: Fingerprint,
+    /// The lease's end for a claim, the retention's end for a completed record.
+    deadline: Millis,
+    state: State,
+}
+
+enum State {
+    /// Token bytes rather than [`Token`]: a `u128` would align the slot to 16 bytes and pad it.
+    InProgress([u8; 16]),
+    Completed(Bytes),
+}
+
+impl Slot {
+    pub(super) fn claim(
+        key: Digest,
+        fingerprint: Fingerprint,
+        token: Token,
+        deadline: Millis,
+    ) -> Self {
+        Self {
+            key,
+            fingerprint,
+            deadline,
+            state: State::InProgress(token.to_bytes()),
+        }
+    }
+
+    pub(super) fn is_live(&self, now: Millis) -> bool {
+        self.deadline > now
+    }
+
+    pub(super) fn is_claimed_by(&self, token: Token, now: Millis) -> bool {
+        self.is_live(now)
+            && matches!(self.state, State::InProgress(held) if held == token.to_bytes())
+    }
+
+    pub(super) fn record(&self) -> Record {
+        match &self.state {
+            State::InProgress(_) => Record::InProgress {
+                fingerprint: self.fingerprint,
+            },
+            State::Completed(payload) => Record::Completed {
+                fingerprint: self.fingerprint,
+                payload: payload.clone(),
+            },
+        }
+    }
+
+    /// The bytes the budget charges for this record.
+    pub(super) fn charge(&self) -> u64 {
+        RECORD_BYTES + self.payload_len()
+    }
+
+    fn payload_len(&self) -> u64 {
+        match &self.state {
+            State::InProgress(_) => 0,
+            State::Completed(payload) => payload.len() as u64,
+        }
+    }
+
+    pub(super) fn deadline(&self) -> Millis {
+        self.deadline
+    }
+
+    pub(super) fn renew(&mut self, deadline: Millis) {
+        self.deadline = deadline;
+    }
+
+    /// Turns the claim into a completed record; returns the bytes added to its charge.
+    pub(super) fn complete(&mut self, payload: &Bytes, deadline: Millis) -> u64 {
+        // A copy, so the record holds exactly its payload: a slice of a larger buffer would
+        // keep all of that buffer alive, unseen by the budget.
+        self.state = State::Completed(Bytes::copy_from_slice(payload));
+        self.deadline = deadline;
+        self.payload_len()
+    }
+}
+
+/// The records of one shard. Every method runs under the shard's lock.
+pub(super) struct Shard {
+    index: HashTable<u32>,
+    slots: Vec<Slot>,
+    /// Where the incremental sweep resumes.
+    hand: usize,
+    /// No record in the shard expires before this (a lower bound: renewals and removals do
+    /// not raise it, a full sweep makes it exact). Lets a full store skip a sweep that
+    /// cannot free anything.
+    earliest: Millis,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Self {
+            index: HashTable::new(),
+            slots: Vec::new(),
+            hand: 0,
+            earliest: Millis::MAX,
+        }
+    }
+}
+
+/// The in-shard hash: the digest is already uniform, so its first bytes serve as is. (The
+/// shard is chosen from other bytes, so the keys of one shard do not share hash bits.)
+fn hash(key: &Digest) -> u64 {
+    u64::from_le_bytes(key[..8].try_into().expect("8 bytes"))
+}
+
+impl Shard {
+    /// The slot stored under `key`, live or not.
+    pub(super) fn get_mut(&mut self, key: &Digest) -> Option<&mut Slot> {
+        let slots = &mut self.slots;
+        let &index = self
+            .index
+            .find(hash(key), |&i| slots[i as usize].key == *key)?;
+        Some(&mut slots[index as usize])
+    }
+
+    /// True when no record can be added (its index would not fit in a `u32`).
+    pub(super) fn is_at_index_limit(&self) -> bool {
+        self.slots.len() >= u32::MAX as usize
+    }
+
+    /// Adds a record for a key that has none. The caller checked both the key's absence
+    /// and [`is_at_index_limit`](Self::is_at_index_limit).
+    pub(super) fn insert(&mut self, slot: Slot) {
+        let index = u32::try_from(self.slots.len()).expect("checked by is_at_index_limit");
+        self.earliest = self.earliest.min(slot.deadline);
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash(&slot.key), index, |&i| hash(&slots[i as usize].key));
+        self.slots.push(slot);
+    }
+
+    /// Notes a deadline set on an existing record, for [`earliest`](Self::earliest).
+    pub(super) fn note_deadline(&mut self, deadline: Millis) {
+        self.earliest = self.earliest.min(deadline);
+    }
+
+    /// Removes the record under `key`; returns its charge.
+    pub(super) fn remove(&mut self, key: &Digest) -> Option<u64> {
+        let slots = &self.slots;
+        let entry = self
+            .index
+            .find_entry(hash(key), |&i| slots[i as usize].key == *key)
+            .ok()?;
+        let (index, _) = entry.remove();
+        Some(self.remove_at(index as usize))
+    }
+
+    /// Removes the slot at `index` by moving the last slot into its place; returns its charge.
+    fn remove_at(&mut self, index: usize) -> u64 {
+        let last = self.slots.len() - 1;
+        if index != last {
+            let moved = hash(&self.slots[last].key);
+            let entry = self
+                .index
+                .find_mut(moved, |&i| i as usize == last)
+                .expect("every slot is indexed");
+            *entry = index as u32;
+        }
+        self.slots.swap_remove(index).charge()
+    }
+
+    /// Removes the slot at `index` from both the table and the slots; returns its charge.
+    fn evict(&mut self, index: usize) -> u64 {
+        let key = self.slots[index].key;
+        let found = self
+            .index
+            .find_entry(hash(&key), |&i| i as usize == index)
+            .expect("every slot is indexed");
+        found.remove();
+        self.remove_at(index)
+    }
+
+    /// Examines up to `steps` slots from where the last sweep stopped and removes the expired
+    /// ones; returns how many it removed and their charge. Called on every insert, so that
+    /// expired records go away under steady traffic without a purger.
+    pub(super) fn sweep_some(&mut self, now: Millis, steps: usize) -> (u64, u64) {
+        let (mut removed, mut bytes) = (0, 0);
+        for _ in 0..steps {
+            if self.hand >= self.slots.len() {
+                self.hand = 0;
+                if self.slots.is_empty() {
+                    break;
+                }
+            }
+            if self.slots[self.hand].is_live(now) {
+                self.hand += 1;
+            } else {
+                // The last slot moves into `hand`: examine that one next.
+                bytes += self.evict(self.hand);
+                removed += 1;
+            }
+        }
+        (removed, bytes)
+    }
+
+    /// Removes up to `limit` expired records, scanning the whole shard when needed; returns
+    /// how many it removed and their charge. A no-op while nothing can have expired.
+    pub(super) fn sweep_all(&mut self, now: Millis, limit: u64) -> (u64, u64) {
+        if self.earliest > now {
+            return (0, 0);
+        }
+        let (mut removed, mut bytes) = (0, 0);
+        let mut earliest = Millis::MAX;
+        let mut index = 0;
+        while index < self.slots.len() {
+            let deadline = self.slots[index].deadline;
+            if deadline > now || removed == limit {
+                earliest = earliest.min(deadline);
+                index += 1;
+            } else {
+                bytes += self.evict(index);
+                removed += 1;
+            }
+        }
+        self.earliest = earliest;
+        (removed, bytes)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(i: u32) -> Digest {
+        crate::StoreKey::new("s", i.to_string()).digest()
+    }
+
+    fn fill(shard: &mut Shard, keys: std::ops::Range<u32>, deadline: impl Fn(u32) -> Millis) {
+        for i in keys {
+            let slot = Slot::claim(
+                digest(i),
+                Fingerprint::from_bytes([0; 32]),
+                Token::random(),
+                deadline(i),
+            );
+            shard.insert(slot);
+        }
+    }
+
+    #[test]
+    fn a_slot_is_key_fingerprint_deadline_and_one_payload_handle() {
+        // 32 + 32 + 8 + 32 (`Bytes`; the token shares its space): no padding, no tag word.
+        assert_eq!(std::mem::size_of::<Slot>(), 104);
+    }
+
+    #[test]
+    fn removing_moves_the_last_slot_and_keeps_every_key_findable() {
+        let mut shard = Shard::default();
+        fill(&mut shard, 0..100, |_| 10);
+        for i in (0..100).step_by(3) {
+            assert_eq!(shard.remove(&digest(i)), Some(RECORD_BYTES));
+        }
+        assert_eq!(shard.remove(&digest(0)), None);
+        for i in 0..100 {
+            assert_eq!(shard.get_mut(&digest(i)).is_some(), i % 3 != 0, "key {i}");
+        }
+    }
+
+    #[test]
+    fn sweeps_remove_exactly_the_expired_records() {
+        let mut shard = Shard::default();
+        // Even keys expire at 5, odd keys live until 50.
+        fill(&mut shard, 0..100, |i| if i % 2 == 0 { 5 } else { 50 });
+        let mut removed = 0;
+        for _ in 0..200 {
+            removed += shard.sweep_some(10, 1).0;
+        }
+        assert_eq!(removed, 50, "one pass of the hand reaches every slot");
+        fill(&mut shard, 100..110, |_| 5);
+        assert_eq!(shard.sweep_all(10, 4), (4, 4 * RECORD_BYTES));
+        assert_eq!(shard.sweep_all(10, u64::MAX).0, 6);
+        assert_eq!(
+            shard.sweep_all(10, u64::MAX),
+            (0, 0),
+            "nothing left that expired"
+        );
+        assert_eq!(shard.len(), 50);
+        for i in (1..100).step_by(2) {
+            assert!(shard.get_mut(&digest(i)).is_some(), "key {i}");
+        }
+    }
+}
