@@ -8,11 +8,12 @@ use axum::{
     body::Body,
     http::{Request, StatusCode},
 };
-use common::{app, send, Runs};
+use common::{app, layer_with, send, Runs};
 use tower_idempotency::{store::MemoryStore, IdempotencyLayer, InProgressPolicy};
 
 fn slow_post(key: &str, delay_ms: u64) -> Request<Body> {
     Request::post("/pay")
+        .header("authorization", "Bearer alice")
         .header("idempotency-key", key)
         .header("x-delay-ms", delay_ms.to_string())
         .body(Body::from("{}"))
@@ -22,7 +23,7 @@ fn slow_post(key: &str, delay_ms: u64) -> Request<Body> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drained_waits_for_a_detached_handler_to_record_its_outcome() {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(MemoryStore::new()).in_progress(InProgressPolicy::Reject);
+    let layer = layer_with(MemoryStore::new(), |e| e.in_progress(InProgressPolicy::Reject));
     let engine = layer.engine().clone();
     let app = app(layer, runs.clone());
     // Nothing held: drained at once.
