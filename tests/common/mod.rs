@@ -1,6 +1,7 @@
 //! A small axum app behind the real layer, with handlers that count how often they ran.
 #![allow(dead_code)]
 
+pub mod faulty;
 pub mod proxy;
 
 use std::{

@@ -1,0 +1,463 @@
+//! The fault suite: every backend (memory, SQLite, PostgreSQL, MySQL/MariaDB, Redis), real
+//! servers, through the engine, with faults injected by a wrapper around the real store
+//! (`common::faulty`): the store down before, during and after the operation; a slow store;
+//! renewals that fail or hang twice in a row; a handler that blocks its thread; duplicate
+//! storms that would exhaust a pool. Every scenario ends by checking that the operation ran
+//! exactly once (a run counter), that the key is not left claimed, and that no waiter entry
+//! is left behind.
+//!
+//! Duplicates from "another process" are played by a second engine over the same real store
+//! without faults, probing the key in a loop while the owner runs: if the owner's lease ever
+//! ran out, a probe would take the key over and run the operation a second time.
+//!
+//! Without `TEST_POSTGRES_URL` / `TEST_MYSQL_URL` / `TEST_REDIS_URL` those backends are
+//! skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`.
+
+mod common;
+#[path = "support/backends.rs"]
+mod backends;
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use common::faulty::Faulty;
+use tokio::sync::Barrier;
+use tower_idempotency::{
+    engine::{Begin, Claim, EngineError, Execution, RunError},
+    store::Store,
+    Engine, Fingerprint, InProgressPolicy, Record, StoreKey, Token,
+};
+
+/// Short enough for a quick suite, long enough for a loaded machine: renewals every 300 ms,
+/// a failed one retried after 75 ms, each store call bounded by 250 ms.
+const LEASE: Duration = Duration::from_millis(1200);
+const STORE_TIMEOUT: Duration = Duration::from_millis(250);
+
+fn key() -> StoreKey {
+    StoreKey::new(format!("faults-{}", Token::random().to_hex()), "k")
+}
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint::of([b"the request".as_slice()])
+}
+
+fn engine(store: impl Store, policy: InProgressPolicy) -> Engine {
+    Engine::builder(store)
+        .lease(LEASE)
+        .store_timeout(STORE_TIMEOUT)
+        .in_progress(policy)
+        .build()
+        .expect("valid timings")
+}
+
+fn waiting() -> InProgressPolicy {
+    InProgressPolicy::Wait {
+        timeout: Duration::from_secs(20),
+    }
+}
+
+/// An operation that counts its runs and takes `duration`.
+#[derive(Clone, Default)]
+struct Operation {
+    runs: Arc<AtomicUsize>,
+}
+
+impl Operation {
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    async fn run(&self, duration: Duration) -> Result<Bytes, std::io::Error> {
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(duration).await;
+        Ok(Bytes::from(format!("run {run}")))
+    }
+}
+
+/// Another process: claims the key in a loop (never waiting) until `stop`, running the
+/// operation whenever it wins. It wins only if the owner's lease ran out.
+fn probe(store: Arc<dyn Store>, key: StoreKey, operation: Operation, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    let other = engine(store, InProgressPolicy::Reject);
+    tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            match other.begin(key.clone(), fingerprint()).await {
+                Ok(Begin::Run(claim)) => {
+                    let output = operation.run(Duration::ZERO).await.unwrap();
+                    let _ = claim.complete(output).await;
+                }
+                Ok(Begin::Replay(_)) => return,
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// Claims a fresh key.
+async fn own(engine: &Engine, key: &StoreKey) -> Claim {
+    match engine.begin(key.clone(), fingerprint()).await.unwrap() {
+        Begin::Run(claim) => claim,
+        Begin::Replay(_) => panic!("a fresh key was already completed"),
+    }
+}
+
+/// The key ends settled: completed (replayed from now on) or absent, never left claimed.
+async fn assert_not_stuck(store: &Arc<dyn Store>, key: &StoreKey) {
+    let record = store.lookup(key).await.expect("lookup");
+    assert!(
+        !matches!(record, Some(Record::InProgress { .. })),
+        "the key is left claimed: {record:?}"
+    );
+}
+
+/// The store is down before the operation: a typed store error, the operation not run; back
+/// up, it runs once and is replayed.
+async fn down_before(store: Arc<dyn Store>) {
+    let faulty = Faulty::new(store.clone());
+    let engine = engine(faulty.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    faulty.faults.set_down(true);
+    let refused = engine
+        .run_once(key.clone(), fingerprint(), || operation.run(Duration::ZERO))
+        .await;
+    assert!(
+        matches!(refused, Err(RunError::Engine(EngineError::Store { .. }))),
+        "{refused:?}"
+    );
+    assert_eq!(operation.runs(), 0);
+    faulty.faults.set_down(false);
+    for _ in 0..2 {
+        engine
+            .run_once(key.clone(), fingerprint(), || operation.run(Duration::ZERO))
+            .await
+            .unwrap();
+    }
+    assert_eq!(operation.runs(), 1);
+    assert_not_stuck(&store, &key).await;
+    assert_eq!(engine.waiting_keys(), 0);
+}
+
+/// The store goes down while the operation runs, for half a lease (renewals fail, then work
+/// again): the owner keeps its key, another process never takes it over, the outcome is
+/// recorded.
+async fn down_during(store: Arc<dyn Store>) {
+    let faulty = Faulty::new(store.clone());
+    let engine = engine(faulty.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    let claim = own(&engine, &key).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
+    let status = claim.status();
+    faulty.faults.set_down(true);
+    tokio::time::sleep(LEASE / 2).await;
+    faulty.faults.set_down(false);
+    let output = operation.run(LEASE * 2).await.unwrap();
+    claim.complete(output.clone()).await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    prober.await.unwrap();
+    assert!(!status.is_lost());
+    assert_eq!(output, Bytes::from("run 1"));
+    assert_eq!(operation.runs(), 1, "another process ran it too");
+    assert_not_stuck(&store, &key).await;
+}
+
+/// The store commits the outcome but its answer is lost: the engine confirms with a lookup
+/// and reports `Ran`, not `NotRecorded` (issue 9, item 4).
+async fn down_after(store: Arc<dyn Store>) {
+    let faulty = Faulty::new(store.clone());
+    let engine = engine(faulty.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    faulty.faults.lose_complete_answers.store(1, Ordering::SeqCst);
+    let first = engine
+        .run_once(key.clone(), fingerprint(), || operation.run(Duration::ZERO))
+        .await;
+    assert!(
+        matches!(&first, Ok(Execution::Ran(_))),
+        "a committed outcome was reported as not recorded: {first:?}"
+    );
+    let again = engine
+        .run_once(key.clone(), fingerprint(), || operation.run(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(again, Execution::Replayed(Bytes::from("run 1")));
+    assert_eq!(operation.runs(), 1);
+}
+
+/// Every store call answers slowly (most of the store timeout): the renewal schedule does not
+/// drift, the lease never runs out, nothing runs twice.
+async fn slow_store(store: Arc<dyn Store>) {
+    let faulty = Faulty::new(store.clone());
+    let engine = engine(faulty.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    faulty.faults.delay_ms.store(200, Ordering::SeqCst);
+    let claim = own(&engine, &key).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
+    let status = claim.status();
+    let output = operation.run(LEASE * 3).await.unwrap();
+    claim.complete(output).await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    prober.await.unwrap();
+    assert!(!status.is_lost());
+    assert_eq!(operation.runs(), 1, "another process ran it too");
+    assert_not_stuck(&store, &key).await;
+}
+
+/// Two renewals in a row fail (`hang`: each hangs until the store timeout), then the store
+/// answers again: the lease survives, nothing runs twice, the handler is not told it lost.
+async fn two_failed_renewals(store: Arc<dyn Store>, hang: bool) {
+    let faulty = Faulty::new(store.clone());
+    let engine = engine(faulty.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    let failing = if hang {
+        &faulty.faults.hang_renewals
+    } else {
+        &faulty.faults.fail_renewals
+    };
+    failing.store(2, Ordering::SeqCst);
+    let claim = own(&engine, &key).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
+    let status = claim.status();
+    let output = operation.run(LEASE * 2).await.unwrap();
+    claim.complete(output).await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    prober.await.unwrap();
+    assert_eq!(failing.load(Ordering::SeqCst), 0, "both faults were hit");
+    assert!(!status.is_lost());
+    assert_eq!(operation.runs(), 1, "the lease ran out under two failed renewals");
+    assert_not_stuck(&store, &key).await;
+}
+
+/// The operation blocks its thread for two leases (a synchronous call in an async handler):
+/// the renewal runs in its own task and keeps the lease (issue 9, item 3).
+async fn blocking_operation(store: Arc<dyn Store>) {
+    let engine = engine(store.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    let claim = own(&engine, &key).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
+    operation.runs.fetch_add(1, Ordering::SeqCst);
+    claim
+        .run(async {
+            // A synchronous call in an async handler: this worker thread is stuck.
+            std::thread::sleep(LEASE * 2);
+        })
+        .await;
+    claim.complete(Bytes::from("blocked")).await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    prober.await.unwrap();
+    assert_eq!(operation.runs(), 1, "the lease ran out while the handler blocked");
+    assert_not_stuck(&store, &key).await;
+}
+
+/// 4 keys × 50 duplicates released together while each original runs for half a second:
+/// every duplicate gets the original's output, nothing runs twice, the store is looked up by
+/// one watch per key (not by each waiter), and no waiter entry is left (issue 9, items 6, 7).
+async fn duplicate_storm(store: Arc<dyn Store>) {
+    const KEYS: usize = 4;
+    const COPIES: usize = 50;
+    let faulty = Faulty::new(store.clone());
+    let engine = engine(faulty.clone(), waiting());
+    let operation = Operation::default();
+    let keys: Vec<StoreKey> = (0..KEYS).map(|_| key()).collect();
+    let barrier = Arc::new(Barrier::new(KEYS * COPIES));
+    let mut tasks = Vec::new();
+    for i in 0..KEYS * COPIES {
+        let (engine, key, operation, barrier) = (
+            engine.clone(),
+            keys[i % KEYS].clone(),
+            operation.clone(),
+            barrier.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            engine
+                .run_once(key, fingerprint(), || operation.run(Duration::from_millis(500)))
+                .await
+                .map(Execution::into_output)
+        }));
+    }
+    for task in tasks {
+        let output = task.await.unwrap().expect("every duplicate gets an answer");
+        assert!(output.starts_with(b"run "), "{output:?}");
+    }
+    assert_eq!(operation.runs(), KEYS);
+    // One watch per key: a handful of polls each while the original runs (backoff 5, 10,
+    // 20 ... ms), plus one look per settled key. Each waiter polling on its own made
+    // several per waiter.
+    let lookups = faulty.faults.lookups();
+    assert!(
+        lookups <= KEYS * 20,
+        "{lookups} lookups for {KEYS} keys: the waiters did not share one watch per key"
+    );
+    assert_eq!(engine.waiting_keys(), 0, "a waiter entry leaked");
+    for key in &keys {
+        assert_not_stuck(&store, key).await;
+    }
+}
+
+/// Past `max_waiters_per_key`, a duplicate is told to come back (in progress) instead of
+/// joining the wait; the original and the admitted waiters are unaffected.
+async fn waiter_cap(store: Arc<dyn Store>) {
+    let engine = Engine::builder(store.clone())
+        .lease(LEASE)
+        .store_timeout(STORE_TIMEOUT)
+        .max_waiters_per_key(3)
+        .build()
+        .unwrap();
+    let (key, operation) = (key(), Operation::default());
+    let claim = own(&engine, &key).await;
+    let mut admitted = Vec::new();
+    for _ in 0..3 {
+        let (engine, key) = (engine.clone(), key.clone());
+        admitted.push(tokio::spawn(async move { engine.begin(key, fingerprint()).await }));
+    }
+    // Wait until the three have joined (the map counts one key).
+    while engine.waiting_keys() == 0 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let over = engine.begin(key.clone(), fingerprint()).await;
+    assert!(matches!(over, Err(EngineError::InProgress { .. })), "{over:?}");
+    let output = operation.run(Duration::ZERO).await.unwrap();
+    claim.complete(output).await.unwrap();
+    for waiter in admitted {
+        assert!(matches!(waiter.await.unwrap(), Ok(Begin::Replay(_))));
+    }
+    assert_eq!(engine.waiting_keys(), 0);
+}
+
+macro_rules! fault_suite {
+    ($backend:ident, $open:expr) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn store_down_before_the_operation() {
+                if let Some(store) = $open {
+                    down_before(store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn store_down_during_the_operation() {
+                if let Some(store) = $open {
+                    down_during(store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn store_answer_lost_after_the_operation() {
+                if let Some(store) = $open {
+                    down_after(store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn slow_store() {
+                if let Some(store) = $open {
+                    super::slow_store(store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_renewals_fail_in_a_row() {
+                if let Some(store) = $open {
+                    two_failed_renewals(store, false).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_renewals_hang_in_a_row() {
+                if let Some(store) = $open {
+                    two_failed_renewals(store, true).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_blocking_operation_keeps_its_lease() {
+                if let Some(store) = $open {
+                    blocking_operation(store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn duplicate_storm_shares_one_watch_per_key() {
+                if let Some(store) = $open {
+                    duplicate_storm(store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn waiters_beyond_the_cap_are_told_to_come_back() {
+                if let Some(store) = $open {
+                    waiter_cap(store).await;
+                }
+            }
+        }
+    };
+}
+
+async fn memory() -> Option<Arc<dyn Store>> {
+    Some(Arc::new(tower_idempotency::store::MemoryStore::new()))
+}
+
+async fn sqlite() -> Option<Arc<dyn Store>> {
+    let path = std::env::temp_dir().join(format!(
+        "tower-idempotency-faults-{}.db",
+        Token::random().to_hex()
+    ));
+    let store = tower_idempotency::store::SqliteStore::open(&path)
+        .await
+        .expect("open a SQLite file");
+    store.migrate().await.expect("migrate");
+    Some(Arc::new(store))
+}
+
+async fn postgres() -> Option<Arc<dyn Store>> {
+    let url = backends::url_or_skip("TEST_POSTGRES_URL")?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&url)
+        .await
+        .expect("TEST_POSTGRES_URL is set but unreachable");
+    let store = tower_idempotency::store::PostgresStore::new(pool);
+    store.migrate().await.expect("migrate");
+    Some(Arc::new(store))
+}
+
+async fn mysql() -> Option<Arc<dyn Store>> {
+    let url = backends::url_or_skip("TEST_MYSQL_URL")?;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(8)
+        .connect(&url)
+        .await
+        .expect("TEST_MYSQL_URL is set but unreachable");
+    let store = tower_idempotency::store::MySqlStore::new(pool);
+    store.migrate().await.expect("migrate");
+    Some(Arc::new(store))
+}
+
+async fn redis() -> Option<Arc<dyn Store>> {
+    let url = backends::url_or_skip("TEST_REDIS_URL")?;
+    let store = tower_idempotency::store::RedisStore::builder()
+        .prefix(&format!("tower-idempotency-faults:{}:", Token::random().to_hex()))
+        .expect("a valid prefix")
+        .open(&url)
+        .await
+        .expect("TEST_REDIS_URL is set but unreachable");
+    Some(Arc::new(store))
+}
+
+fault_suite!(memory_store, memory().await);
+fault_suite!(sqlite_store, sqlite().await);
+fault_suite!(postgres_store, postgres().await);
+fault_suite!(mysql_store, mysql().await);
+fault_suite!(redis_store, redis().await);
