@@ -13,9 +13,9 @@
 //! Without `TEST_POSTGRES_URL` / `TEST_MYSQL_URL` / `TEST_REDIS_URL` those backends are
 //! skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`.
 
-mod common;
 #[path = "support/backends.rs"]
 mod backends;
+mod common;
 
 use std::{
     sync::{
@@ -82,7 +82,12 @@ impl Operation {
 
 /// Another process: claims the key in a loop (never waiting) until `stop`, running the
 /// operation whenever it wins. It wins only if the owner's lease ran out.
-fn probe(store: Arc<dyn Store>, key: StoreKey, operation: Operation, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+fn probe(
+    store: Arc<dyn Store>,
+    key: StoreKey,
+    operation: Operation,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
     let other = engine(store, InProgressPolicy::Reject);
     tokio::spawn(async move {
         while !stop.load(Ordering::SeqCst) {
@@ -173,7 +178,10 @@ async fn down_after(store: Arc<dyn Store>) {
     let faulty = Faulty::new(store.clone());
     let engine = engine(faulty.clone(), waiting());
     let (key, operation) = (key(), Operation::default());
-    faulty.faults.lose_complete_answers.store(1, Ordering::SeqCst);
+    faulty
+        .faults
+        .lose_complete_answers
+        .store(1, Ordering::SeqCst);
     let first = engine
         .run_once(key.clone(), fingerprint(), || operation.run(Duration::ZERO))
         .await;
@@ -231,7 +239,11 @@ async fn two_failed_renewals(store: Arc<dyn Store>, hang: bool) {
     prober.await.unwrap();
     assert_eq!(failing.load(Ordering::SeqCst), 0, "both faults were hit");
     assert!(!status.is_lost());
-    assert_eq!(operation.runs(), 1, "the lease ran out under two failed renewals");
+    assert_eq!(
+        operation.runs(),
+        1,
+        "the lease ran out under two failed renewals"
+    );
     assert_not_stuck(&store, &key).await;
 }
 
@@ -253,7 +265,11 @@ async fn blocking_operation(store: Arc<dyn Store>) {
     claim.complete(Bytes::from("blocked")).await.unwrap();
     stop.store(true, Ordering::SeqCst);
     prober.await.unwrap();
-    assert_eq!(operation.runs(), 1, "the lease ran out while the handler blocked");
+    assert_eq!(
+        operation.runs(),
+        1,
+        "the lease ran out while the handler blocked"
+    );
     assert_not_stuck(&store, &key).await;
 }
 
@@ -279,7 +295,9 @@ async fn duplicate_storm(store: Arc<dyn Store>) {
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             engine
-                .run_once(key, fingerprint(), || operation.run(Duration::from_millis(500)))
+                .run_once(key, fingerprint(), || {
+                    operation.run(Duration::from_millis(500))
+                })
                 .await
                 .map(Execution::into_output)
         }));
@@ -317,7 +335,9 @@ async fn waiter_cap(store: Arc<dyn Store>) {
     let mut admitted = Vec::new();
     for _ in 0..3 {
         let (engine, key) = (engine.clone(), key.clone());
-        admitted.push(tokio::spawn(async move { engine.begin(key, fingerprint()).await }));
+        admitted.push(tokio::spawn(async move {
+            engine.begin(key, fingerprint()).await
+        }));
     }
     // Wait until the three have joined (the map counts one key).
     while engine.waiting_keys() == 0 {
@@ -325,7 +345,10 @@ async fn waiter_cap(store: Arc<dyn Store>) {
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     let over = engine.begin(key.clone(), fingerprint()).await;
-    assert!(matches!(over, Err(EngineError::InProgress { .. })), "{over:?}");
+    assert!(
+        matches!(over, Err(EngineError::InProgress { .. })),
+        "{over:?}"
+    );
     let output = operation.run(Duration::ZERO).await.unwrap();
     claim.complete(output).await.unwrap();
     for waiter in admitted {
@@ -448,7 +471,10 @@ async fn mysql() -> Option<Arc<dyn Store>> {
 async fn redis() -> Option<Arc<dyn Store>> {
     let url = backends::url_or_skip("TEST_REDIS_URL")?;
     let store = tower_idempotency::store::RedisStore::builder()
-        .prefix(&format!("tower-idempotency-faults:{}:", Token::random().to_hex()))
+        .prefix(format!(
+            "tower-idempotency-faults:{}:",
+            Token::random().to_hex()
+        ))
         .expect("a valid prefix")
         .open(&url)
         .await
@@ -461,3 +487,34 @@ fault_suite!(sqlite_store, sqlite().await);
 fault_suite!(postgres_store, postgres().await);
 fault_suite!(mysql_store, mysql().await);
 fault_suite!(redis_store, redis().await);
+
+/// Many waiters of one key woken together leave no entry behind (issue 9, item 6): the last
+/// one out removes the key, however their drops interleave. 200 rounds of 8 waiters on a
+/// multi-threaded runtime, each round's waiters released by one completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiter_entries_do_not_leak_when_waiters_wake_together() {
+    let engine = engine(tower_idempotency::store::MemoryStore::new(), waiting());
+    for _ in 0..200 {
+        let key = key();
+        let claim = own(&engine, &key).await;
+        let barrier = Arc::new(Barrier::new(9));
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let (engine, key, barrier) = (engine.clone(), key.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    engine.begin(key, fingerprint()).await
+                })
+            })
+            .collect();
+        barrier.wait().await;
+        while engine.waiting_keys() == 0 {
+            tokio::task::yield_now().await;
+        }
+        claim.complete(Bytes::from("done")).await.unwrap();
+        for waiter in waiters {
+            assert!(matches!(waiter.await.unwrap(), Ok(Begin::Replay(_))));
+        }
+    }
+    assert_eq!(engine.waiting_keys(), 0, "waiter entries leaked");
+}

@@ -160,9 +160,15 @@ async fn without_identity_a_keyed_request_is_refused_not_pooled_with_other_calle
     };
     let first = send(&app, anonymous("{}")).await;
     assert_eq!(first.status, StatusCode::BAD_REQUEST);
-    assert_eq!(first.problem_type(), "urn:tower-idempotency:missing-identity");
+    assert_eq!(
+        first.problem_type(),
+        "urn:tower-idempotency:missing-identity"
+    );
     let other = send(&app, anonymous(r#"{"other":1}"#)).await;
-    assert_eq!(other.problem_type(), "urn:tower-idempotency:missing-identity");
+    assert_eq!(
+        other.problem_type(),
+        "urn:tower-idempotency:missing-identity"
+    );
     assert_eq!(runs.count(), 0, "nothing ran, nothing was recorded");
     // Without a key the request is not protected at all, identity or not.
     let unkeyed = Request::post("/pay").body(Body::from("{}")).unwrap();
@@ -183,7 +189,11 @@ async fn the_shared_anonymous_scope_is_an_opt_in() {
             .unwrap();
         assert_eq!(send(&app, anonymous).await.status, StatusCode::CREATED);
     }
-    assert_eq!(runs.count(), 1, "the second was a replay in the shared scope");
+    assert_eq!(
+        runs.count(),
+        1,
+        "the second was a replay in the shared scope"
+    );
 }
 
 #[tokio::test]

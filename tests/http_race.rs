@@ -203,8 +203,10 @@ async fn a_client_that_hangs_up_does_not_cause_a_second_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_detach_a_hang_up_releases_the_key_instead_of_leaving_it_claimed() {
     let runs = Runs::default();
-    let layer = layer_with(MemoryStore::new(), |e| e.in_progress(InProgressPolicy::Reject))
-        .detach(false);
+    let layer = layer_with(MemoryStore::new(), |e| {
+        e.in_progress(InProgressPolicy::Reject)
+    })
+    .detach(false);
     let app = app(layer, runs.clone());
     let cut =
         tokio::time::timeout(Duration::from_millis(100), send(&app, slow_post("k", 400))).await;

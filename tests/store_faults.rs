@@ -216,7 +216,9 @@ async fn postgres_cut_mid_flight_is_recorded_by_the_retries() {
         outage: Outage::RestoreAfterTurnedAway(1),
     };
     // Reject: a duplicate of an unrecorded outcome answers 409 at once instead of waiting.
-    let layer = layer_with(pg.store.clone(), |e| e.in_progress(InProgressPolicy::Reject));
+    let layer = layer_with(pg.store.clone(), |e| {
+        e.in_progress(InProgressPolicy::Reject)
+    });
     let app = cutting_app(layer, cutter);
     let key = fresh_key();
 

@@ -71,8 +71,7 @@ async fn run() -> Result<(), backends::Error> {
         .lease(config.lease)
         .retention(config.retention)
         .build()?;
-    let idempotency =
-        IdempotencyLayer::from_engine(engine).enabled(!config.idempotency_disabled);
+    let idempotency = IdempotencyLayer::from_engine(engine).enabled(!config.idempotency_disabled);
 
     // Kept to wait for detached handlers at shutdown.
     let engine = idempotency.engine().clone();

@@ -47,13 +47,7 @@ impl Claim {
         in_flight: InFlightGuard,
     ) -> Self {
         let lost = Arc::new(LostFlag::new());
-        let renewal = Renewal::start(
-            engine.clone(),
-            key.clone(),
-            token,
-            claimed_at,
-            lost.clone(),
-        );
+        let renewal = Renewal::start(engine.clone(), key.clone(), token, claimed_at, lost.clone());
         Self {
             engine,
             key,

@@ -196,7 +196,10 @@ mod tests {
 
     #[test]
     fn each_rule_is_its_own_error() {
-        assert_eq!(with(|c| c.lease = Duration::ZERO), Err(ConfigError::ZeroLease));
+        assert_eq!(
+            with(|c| c.lease = Duration::ZERO),
+            Err(ConfigError::ZeroLease)
+        );
         assert_eq!(
             with(|c| c.retention = Duration::ZERO),
             Err(ConfigError::ZeroRetention)
@@ -211,7 +214,10 @@ mod tests {
         ));
         assert!(matches!(
             with(|c| c.retention = Duration::MAX),
-            Err(ConfigError::TooLong { name: "retention", .. })
+            Err(ConfigError::TooLong {
+                name: "retention",
+                ..
+            })
         ));
         assert!(matches!(
             with(|c| c.lease = Duration::MAX),

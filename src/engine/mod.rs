@@ -349,7 +349,10 @@ impl Engine {
                 // Released or expired: whoever claims next runs it — maybe us.
                 Seen::Absent => self.claim(&key, &fingerprint).await?,
                 Seen::Failed(error) => {
-                    return Err(self.unavailable(&key, StoreError::backend("shared lookup", SharedError(error))))
+                    return Err(self.unavailable(
+                        &key,
+                        StoreError::backend("shared lookup", SharedError(error)),
+                    ))
                 }
             };
             if let Some(begin) = decided {

@@ -47,7 +47,13 @@ impl Drop for Renewal {
     }
 }
 
-async fn renew(engine: Engine, key: StoreKey, token: Token, claimed_at: Instant, lost: Arc<LostFlag>) {
+async fn renew(
+    engine: Engine,
+    key: StoreKey,
+    token: Token,
+    claimed_at: Instant,
+    lost: Arc<LostFlag>,
+) {
     let config = &engine.config;
     let mut held_until = claimed_at + config.lease;
     let mut next = claimed_at + config.renew_every();

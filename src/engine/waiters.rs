@@ -166,7 +166,9 @@ mod tests {
                 idle()
             })
             .unwrap();
-        let mut b = waiters.subscribe(&key, 8, |_| panic!("one poller per key")).unwrap();
+        let mut b = waiters
+            .subscribe(&key, 8, |_| panic!("one poller per key"))
+            .unwrap();
         shared.unwrap().publish(Seen::Absent);
         assert!(matches!(a.next().await, Some(Seen::Absent)));
         assert!(matches!(b.next().await, Some(Seen::Absent)));
@@ -178,7 +180,10 @@ mod tests {
         let key = StoreKey::new("s", "k");
         let a = waiters.subscribe(&key, 2, |_| idle()).unwrap();
         let b = waiters.subscribe(&key, 2, |_| idle()).unwrap();
-        assert!(waiters.subscribe(&key, 2, |_| idle()).is_none(), "over the cap");
+        assert!(
+            waiters.subscribe(&key, 2, |_| idle()).is_none(),
+            "over the cap"
+        );
         drop(a);
         assert_eq!(waiters.keys(), 1, "b still waits");
         drop(b);

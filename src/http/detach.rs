@@ -148,7 +148,10 @@ mod tests {
         // No slot left: dropped at once.
         let second = Arc::new(AtomicBool::new(false));
         drop(DetachOnDrop::new(endless(&second), slots.clone(), far()));
-        assert!(second.load(Ordering::SeqCst), "work over the limit was detached");
+        assert!(
+            second.load(Ordering::SeqCst),
+            "work over the limit was detached"
+        );
         assert!(!first.load(Ordering::SeqCst));
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
             while !first.load(Ordering::SeqCst) {

@@ -9,10 +9,7 @@ use http::{request::Parts, HeaderName, Method, Response, StatusCode};
 use tower_layer::Layer;
 
 use super::{policy, rejection::Rejection, scope, service::IdempotencyService};
-use crate::{
-    engine::Engine,
-    store::Store,
-};
+use crate::{engine::Engine, store::Store};
 
 /// The header the key is read from by default.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
