@@ -17,7 +17,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::{
-    body::{self, collect_up_to, Collected, Prefixed, ResponseBody},
+    body::{self, ResponseBody},
     detach::DetachOnDrop,
     fingerprint::fingerprint,
     key::parse_key,
@@ -26,6 +26,7 @@ use super::{
     rejection::Rejection,
     replay::{self, StoredResponse},
     scope,
+    tee::{Recorder, Tee},
 };
 use crate::{
     engine::{Begin, Claim, EngineError},
@@ -282,8 +283,13 @@ fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
             status,
             headers,
             body,
+            trailers,
         }) => {
-            let mut response = Response::new(body::full(body));
+            let body = match trailers {
+                None => body::full(body),
+                Some(trailers) => body::with_trailers(body, trailers),
+            };
+            let mut response = Response::new(body);
             *response.status_mut() = status;
             *response.headers_mut() = headers;
             if config.mark_replayed {
@@ -342,40 +348,9 @@ where
         return Ok(response.map(body::boxed));
     }
     let (parts, response_body) = response.into_parts();
-    // Streaming bodies are read under the claim too, so the lease is renewed meanwhile.
-    match claim
-        .run(collect_up_to(
-            Box::pin(response_body),
-            config.max_response_body,
-        ))
-        .await
-    {
-        Collected::Complete(bytes) => {
-            let payload = replay::encode(
-                parts.status,
-                &parts.headers,
-                &bytes,
-                config.replay_set_cookie,
-            );
-            // A failed write is retried and logged by the engine; the caller still gets the
-            // real response.
-            let _ = claim.complete(payload).await;
-            Ok(Response::from_parts(parts, body::full(bytes)))
-        }
-        Collected::TooLarge { read, rest } => {
-            tracing::warn!(status = %parts.status, limit = config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
-            let _ = claim
-                .complete(replay::encode_not_stored(parts.status))
-                .await;
-            Ok(Response::from_parts(
-                parts,
-                body::boxed(Prefixed::new(read, rest)),
-            ))
-        }
-        Collected::Failed(error) => {
-            tracing::error!(error = %error, "response body failed; releasing the key");
-            let _ = claim.release().await;
-            Ok(render(&config, Rejection::ResponseBodyFailed))
-        }
-    }
+    // Passed through as it comes, copied for replay alongside; the claim is settled when the
+    // body ends (see `tee`).
+    let recorder = Recorder::new(claim, parts.status, parts.headers.clone(), config);
+    let body = body::boxed(Tee::new(body::boxed(response_body), recorder));
+    Ok(Response::from_parts(parts, body))
 }
