@@ -287,7 +287,7 @@ fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
         }) => {
             let body = match trailers {
                 None => body::full(body),
-                Some(trailers) => body::with_trailers(body, trailers),
+                Some(trailers) => body::with_trailers(body, *trailers),
             };
             let mut response = Response::new(body);
             *response.status_mut() = status;
