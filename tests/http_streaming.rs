@@ -26,6 +26,9 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_idempotency::{store::MemoryStore, InProgressPolicy};
 
+/// The sending end of one streamed response body.
+type Feed = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
+
 /// The handler's side of each streamed response, handed to the test.
 type Feeds =
     Arc<Mutex<mpsc::UnboundedSender<mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>>>>;
@@ -76,11 +79,7 @@ fn request(uri: &str) -> Request<Body> {
         .unwrap()
 }
 
-fn setup() -> (
-    Router,
-    Runs,
-    mpsc::UnboundedReceiver<mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>>,
-) {
+fn setup() -> (Router, Runs, mpsc::UnboundedReceiver<Feed>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let runs = Runs::default();
     (app(runs.clone(), Arc::new(Mutex::new(tx))), runs, rx)
