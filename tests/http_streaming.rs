@@ -30,8 +30,7 @@ use tower_idempotency::{store::MemoryStore, InProgressPolicy};
 type Feed = mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>;
 
 /// The handler's side of each streamed response, handed to the test.
-type Feeds =
-    Arc<Mutex<mpsc::UnboundedSender<mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>>>>;
+type Feeds = Arc<Mutex<mpsc::UnboundedSender<Feed>>>;
 
 /// `POST /stream`: counts a run and answers 200 with a body whose frames the test sends.
 /// `POST /grpc`: counts a run and answers two data frames then a `grpc-status: 0` trailer.
