@@ -69,6 +69,9 @@ async fn run() -> Result<(), backends::Error> {
     // before the layer sees a request without one.
     let engine = Engine::builder_shared(backends.idempotency.clone())
         .lease(config.lease)
+        // Short leases (tests set 1 s) need a store timeout short enough for two failed
+        // renewals to fit in one lease; `build` refuses anything else.
+        .store_timeout(Duration::from_secs(5).min(config.lease / 5))
         .retention(config.retention)
         .build()?;
     let idempotency = IdempotencyLayer::from_engine(engine).enabled(!config.idempotency_disabled);
