@@ -86,20 +86,31 @@ fn setup() -> (Router, Runs, mpsc::UnboundedReceiver<Feed>) {
 
 const LIMIT: Duration = Duration::from_secs(5);
 
-/// The first caller reads the first frame while the handler has not produced the second: the
-/// layer does not wait for the end of the body. Once it ends, a duplicate replays it whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_streaming_response_reaches_the_first_caller_before_it_ends() {
-    let (app, runs, mut feeds) = setup();
+/// Sends `/stream`, feeds it `first`, and returns the feed and the response, which must come
+/// while the body is still open.
+async fn open_stream(
+    app: &Router,
+    feeds: &mut mpsc::UnboundedReceiver<Feed>,
+    first: &'static [u8],
+) -> (Feed, Response) {
     let response = tokio::spawn(app.clone().oneshot(request("/stream")));
     let feed = feeds.recv().await.unwrap();
-    feed.send(Ok(Frame::data(Bytes::from_static(b"event: 1\n\n"))))
+    feed.send(Ok(Frame::data(Bytes::from_static(first))))
         .unwrap();
     let response = tokio::time::timeout(LIMIT, response)
         .await
         .expect("the response waited for the end of its body")
         .unwrap()
         .unwrap();
+    (feed, response)
+}
+
+/// The first caller reads the first frame while the handler has not produced the second: the
+/// layer does not wait for the end of the body. Once it ends, a duplicate replays it whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_response_reaches_the_first_caller_before_it_ends() {
+    let (app, runs, mut feeds) = setup();
+    let (feed, response) = open_stream(&app, &mut feeds, b"event: 1\n\n").await;
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
     let first = tokio::time::timeout(LIMIT, body.frame())
@@ -140,16 +151,8 @@ async fn trailers_pass_through_and_are_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_dropped_mid_stream_is_still_recorded() {
     let (app, runs, mut feeds) = setup();
-    let response = tokio::spawn(app.clone().oneshot(request("/stream")));
-    let feed = feeds.recv().await.unwrap();
-    feed.send(Ok(Frame::data(Bytes::from_static(b"part 1;"))))
-        .unwrap();
-    let mut body = tokio::time::timeout(LIMIT, response)
-        .await
-        .expect("the response waited for the end of its body")
-        .unwrap()
-        .unwrap()
-        .into_body();
+    let (feed, response) = open_stream(&app, &mut feeds, b"part 1;").await;
+    let mut body = response.into_body();
     body.frame().await.unwrap().unwrap();
     drop(body);
     feed.send(Ok(Frame::data(Bytes::from_static(b"part 2"))))

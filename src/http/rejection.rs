@@ -64,6 +64,9 @@ pub enum Rejection {
     /// The inner service panicked; its claim was released, so a retry runs it again.
     HandlerPanicked,
     /// The inner service's response body failed while being read; its claim was released.
+    /// The layer itself no longer answers with it: responses stream through to their caller,
+    /// so a body that fails mid-stream reaches the caller as a broken body (and the key is
+    /// released). Kept for custom renderers that match on it.
     ResponseBodyFailed,
 }
 
