@@ -18,6 +18,9 @@ mod backends;
 mod common;
 
 use std::{
+    any::Any,
+    future::Future,
+    pin::Pin,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
@@ -357,6 +360,96 @@ async fn waiter_cap(store: Arc<dyn Store>) {
     assert_eq!(engine.waiting_keys(), 0);
 }
 
+/// Takes every connection of a store's pool and holds them until the returned value drops.
+type Hog = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Box<dyn Any + Send>> + Send>> + Send + Sync>;
+
+fn hog<DB: sqlx::Database>(pool: sqlx::Pool<DB>) -> Hog {
+    Arc::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move {
+            let mut held = Vec::new();
+            for _ in 0..pool.options().get_max_connections() {
+                held.push(pool.acquire().await.expect("a pooled connection"));
+            }
+            Box::new(held) as Box<dyn Any + Send>
+        })
+    })
+}
+
+/// Every pooled connection is taken (by unrelated work) before the operation: the claim
+/// times out at the store timeout instead of queueing without bound, nothing runs; once the
+/// pool frees up the operation runs once.
+async fn pool_exhausted_before(store: Arc<dyn Store>, hog: Hog) {
+    let engine = engine(store.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    let held = hog().await;
+    let refused = engine
+        .run_once(key.clone(), fingerprint(), || operation.run(Duration::ZERO))
+        .await;
+    assert!(
+        matches!(refused, Err(RunError::Engine(EngineError::Store { .. }))),
+        "{refused:?}"
+    );
+    assert_eq!(operation.runs(), 0);
+    drop(held);
+    for _ in 0..2 {
+        engine
+            .run_once(key.clone(), fingerprint(), || operation.run(Duration::ZERO))
+            .await
+            .unwrap();
+    }
+    assert_eq!(operation.runs(), 1);
+    assert_not_stuck(&store, &key).await;
+}
+
+/// The pool is exhausted for half a lease while the operation runs, so renewals time out in
+/// a row; once it frees up they succeed again before the lease ends: nothing runs twice.
+async fn pool_exhausted_during(store: Arc<dyn Store>, hog: Hog) {
+    let engine = engine(store.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    let claim = own(&engine, &key).await;
+    let status = claim.status();
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
+    let held = hog().await;
+    tokio::time::sleep(LEASE / 2).await;
+    drop(held);
+    let output = operation.run(LEASE).await.unwrap();
+    claim.complete(output).await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    prober.await.unwrap();
+    assert!(!status.is_lost());
+    assert_eq!(
+        operation.runs(),
+        1,
+        "the lease ran out while the pool was exhausted"
+    );
+    assert_not_stuck(&store, &key).await;
+    assert_eq!(engine.waiting_keys(), 0);
+}
+
+macro_rules! pool_suite {
+    ($backend:ident, $open:expr) => {
+        mod $backend {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn pool_exhausted_before_the_operation() {
+                if let Some((store, hog)) = $open {
+                    pool_exhausted_before(store, hog).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn pool_exhausted_during_the_operation() {
+                if let Some((store, hog)) = $open {
+                    pool_exhausted_during(store, hog).await;
+                }
+            }
+        }
+    };
+}
+
 macro_rules! fault_suite {
     ($backend:ident, $open:expr) => {
         mod $backend {
@@ -432,7 +525,7 @@ async fn memory() -> Option<Arc<dyn Store>> {
     Some(Arc::new(tower_idempotency::store::MemoryStore::new()))
 }
 
-async fn sqlite() -> Option<Arc<dyn Store>> {
+async fn sqlite() -> Option<(Arc<dyn Store>, Hog)> {
     let path = std::env::temp_dir().join(format!(
         "tower-idempotency-faults-{}.db",
         Token::random().to_hex()
@@ -441,10 +534,11 @@ async fn sqlite() -> Option<Arc<dyn Store>> {
         .await
         .expect("open a SQLite file");
     store.migrate().await.expect("migrate");
-    Some(Arc::new(store))
+    let hog = hog(store.pool().clone());
+    Some((Arc::new(store), hog))
 }
 
-async fn postgres() -> Option<Arc<dyn Store>> {
+async fn postgres() -> Option<(Arc<dyn Store>, Hog)> {
     let url = backends::url_or_skip("TEST_POSTGRES_URL")?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(8)
@@ -453,10 +547,11 @@ async fn postgres() -> Option<Arc<dyn Store>> {
         .expect("TEST_POSTGRES_URL is set but unreachable");
     let store = tower_idempotency::store::PostgresStore::new(pool);
     store.migrate().await.expect("migrate");
-    Some(Arc::new(store))
+    let hog = hog(store.pool().clone());
+    Some((Arc::new(store), hog))
 }
 
-async fn mysql() -> Option<Arc<dyn Store>> {
+async fn mysql() -> Option<(Arc<dyn Store>, Hog)> {
     let url = backends::url_or_skip("TEST_MYSQL_URL")?;
     let pool = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(8)
@@ -465,7 +560,8 @@ async fn mysql() -> Option<Arc<dyn Store>> {
         .expect("TEST_MYSQL_URL is set but unreachable");
     let store = tower_idempotency::store::MySqlStore::new(pool);
     store.migrate().await.expect("migrate");
-    Some(Arc::new(store))
+    let hog = hog(store.pool().clone());
+    Some((Arc::new(store), hog))
 }
 
 async fn redis() -> Option<Arc<dyn Store>> {
@@ -483,9 +579,12 @@ async fn redis() -> Option<Arc<dyn Store>> {
 }
 
 fault_suite!(memory_store, memory().await);
-fault_suite!(sqlite_store, sqlite().await);
-fault_suite!(postgres_store, postgres().await);
-fault_suite!(mysql_store, mysql().await);
+fault_suite!(sqlite_store, sqlite().await.map(|(store, _)| store));
+fault_suite!(postgres_store, postgres().await.map(|(store, _)| store));
+fault_suite!(mysql_store, mysql().await.map(|(store, _)| store));
+pool_suite!(sqlite_pool, sqlite().await);
+pool_suite!(postgres_pool, postgres().await);
+pool_suite!(mysql_pool, mysql().await);
 fault_suite!(redis_store, redis().await);
 
 /// Many waiters of one key woken together leave no entry behind (issue 9, item 6): the last

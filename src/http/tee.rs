@@ -13,7 +13,8 @@
 //!   the broken body;
 //! - dropped before its end (the client left): the rest is read in the background, bounded by
 //!   the layer's maximum handler lifetime, and recorded as above — the handler already did
-//!   its work, so a retry must not run it again.
+//!   its work, so a retry must not run it again. With `detach(false)` the key is released
+//!   instead, as for any request dropped before its end.
 
 use std::{
     future::Future,
@@ -189,6 +190,13 @@ impl Drop for Tee {
         let Some(recorder) = self.recorder.take() else {
             return;
         };
+        if !recorder.config.detach {
+            // `detach(false)`: a caller that leaves gives the key up.
+            spawn_or_drop(Box::pin(async move {
+                let _ = recorder.claim.release().await;
+            }));
+            return;
+        }
         // The client left mid-body: read the rest so the outcome is recorded, within the
         // handler lifetime; past it the claim is dropped, which releases the key.
         let lifetime = recorder.config.max_handler_lifetime;
