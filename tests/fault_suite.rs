@@ -221,6 +221,46 @@ async fn slow_store(store: Arc<dyn Store>) {
     assert_not_stuck(&store, &key).await;
 }
 
+/// The store turns slower than the renewal interval (so slower than the store timeout, which
+/// the builder keeps below it) for everyone: no renewal can land, and the owner is told its
+/// claim is lost once the lease is over. The handler checks its `ClaimStatus` before its side
+/// effect and gives the key up; the other process, which could not claim while the store was
+/// slow, takes the key over once it is fast again and runs the operation: once in all.
+async fn slower_than_the_renewal_interval(store: Arc<dyn Store>) {
+    let faulty = Faulty::new(store.clone());
+    let engine = engine(faulty.clone(), waiting());
+    let (key, operation) = (key(), Operation::default());
+    let claim = own(&engine, &key).await;
+    let status = claim.status();
+    faulty.faults.delay_ms.store(400, Ordering::SeqCst);
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = probe(
+        Arc::new(faulty.clone()),
+        key.clone(),
+        operation.clone(),
+        stop.clone(),
+    );
+    tokio::time::timeout(LEASE * 3, status.lost())
+        .await
+        .expect("the owner was never told it lost the key");
+    assert_eq!(
+        operation.runs(),
+        0,
+        "the other process ran while the store was slow"
+    );
+    faulty.faults.delay_ms.store(0, Ordering::SeqCst);
+    // The handler's check before its side effect: lost, so it does not run it.
+    assert!(status.is_lost());
+    let _ = claim.release().await;
+    tokio::time::timeout(LEASE * 3, prober)
+        .await
+        .expect("the other process never took the key over")
+        .unwrap();
+    stop.store(true, Ordering::SeqCst);
+    assert_eq!(operation.runs(), 1);
+    assert_not_stuck(&store, &key).await;
+}
+
 /// Two renewals in a row fail (`hang`: each hangs until the store timeout), then the store
 /// answers again: the lease survives, nothing runs twice, the handler is not told it lost.
 async fn two_failed_renewals(store: Arc<dyn Store>, hang: bool) {
@@ -503,6 +543,13 @@ macro_rules! fault_suite {
             async fn slow_store() {
                 if let Some(store) = $open {
                     super::slow_store(store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn store_slower_than_the_renewal_interval() {
+                if let Some(store) = $open {
+                    slower_than_the_renewal_interval(store).await;
                 }
             }
 
