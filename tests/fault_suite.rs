@@ -491,24 +491,32 @@ async fn pool_exhausted_during(store: Arc<dyn Store>, hog: Hog) {
     assert_eq!(engine.waiting_keys(), 0);
 }
 
+/// One `#[tokio::test]` per `name => scenario`, each on a store opened by `$open` (skipped
+/// when that backend is not configured).
+macro_rules! scenarios {
+    ($open:expr; $($name:ident => $scenario:expr),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                if let Some(opened) = $open {
+                    ($scenario)(opened).await;
+                }
+            }
+        )*
+    };
+}
+
 macro_rules! pool_suite {
     ($backend:ident, $open:expr) => {
         mod $backend {
             use super::*;
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn pool_exhausted_before_the_operation() {
-                if let Some((store, hog)) = $open {
-                    pool_exhausted_before(store, hog).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn pool_exhausted_during_the_operation() {
-                if let Some((store, hog)) = $open {
-                    pool_exhausted_during(store, hog).await;
-                }
-            }
+            scenarios!($open;
+                pool_exhausted_before_the_operation =>
+                    |(store, hog)| pool_exhausted_before(store, hog),
+                pool_exhausted_during_the_operation =>
+                    |(store, hog)| pool_exhausted_during(store, hog),
+            );
         }
     };
 }
@@ -518,75 +526,18 @@ macro_rules! fault_suite {
         mod $backend {
             use super::*;
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn store_down_before_the_operation() {
-                if let Some(store) = $open {
-                    down_before(store).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn store_down_during_the_operation() {
-                if let Some(store) = $open {
-                    down_during(store).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn store_answer_lost_after_the_operation() {
-                if let Some(store) = $open {
-                    down_after(store).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn slow_store() {
-                if let Some(store) = $open {
-                    super::slow_store(store).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn store_slower_than_the_renewal_interval() {
-                if let Some(store) = $open {
-                    slower_than_the_renewal_interval(store).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn two_renewals_fail_in_a_row() {
-                if let Some(store) = $open {
-                    two_failed_renewals(store, false).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn two_renewals_hang_in_a_row() {
-                if let Some(store) = $open {
-                    two_failed_renewals(store, true).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_blocking_operation_keeps_its_lease() {
-                if let Some(store) = $open {
-                    blocking_operation(store).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn duplicate_storm_shares_one_watch_per_key() {
-                if let Some(store) = $open {
-                    duplicate_storm(store).await;
-                }
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn waiters_beyond_the_cap_are_told_to_come_back() {
-                if let Some(store) = $open {
-                    waiter_cap(store).await;
-                }
-            }
+            scenarios!($open;
+                store_down_before_the_operation => down_before,
+                store_down_during_the_operation => down_during,
+                store_answer_lost_after_the_operation => down_after,
+                slow_store => super::slow_store,
+                store_slower_than_the_renewal_interval => slower_than_the_renewal_interval,
+                two_renewals_fail_in_a_row => |store| two_failed_renewals(store, false),
+                two_renewals_hang_in_a_row => |store| two_failed_renewals(store, true),
+                a_blocking_operation_keeps_its_lease => blocking_operation,
+                duplicate_storm_shares_one_watch_per_key => duplicate_storm,
+                waiters_beyond_the_cap_are_told_to_come_back => waiter_cap,
+            );
         }
     };
 }
@@ -604,34 +555,29 @@ async fn sqlite() -> Option<(Arc<dyn Store>, Hog)> {
         .await
         .expect("open a SQLite file");
     store.migrate().await.expect("migrate");
-    let hog = hog(store.pool().clone());
-    Some((Arc::new(store), hog))
+    Some((Arc::new(store.clone()), hog(store.pool().clone())))
+}
+
+/// A small pool on the server named by `var`, or `None` when it is unset (skipped).
+async fn pool<DB: sqlx::Database>(var: &str) -> Option<sqlx::Pool<DB>> {
+    let url = backends::url_or_skip(var)?;
+    let pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(8)
+        .connect(&url)
+        .await;
+    Some(pool.unwrap_or_else(|e| panic!("{var} is set but unreachable: {e}")))
 }
 
 async fn postgres() -> Option<(Arc<dyn Store>, Hog)> {
-    let url = backends::url_or_skip("TEST_POSTGRES_URL")?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
-        .await
-        .expect("TEST_POSTGRES_URL is set but unreachable");
-    let store = tower_idempotency::store::PostgresStore::new(pool);
+    let store = tower_idempotency::store::PostgresStore::new(pool("TEST_POSTGRES_URL").await?);
     store.migrate().await.expect("migrate");
-    let hog = hog(store.pool().clone());
-    Some((Arc::new(store), hog))
+    Some((Arc::new(store.clone()), hog(store.pool().clone())))
 }
 
 async fn mysql() -> Option<(Arc<dyn Store>, Hog)> {
-    let url = backends::url_or_skip("TEST_MYSQL_URL")?;
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(8)
-        .connect(&url)
-        .await
-        .expect("TEST_MYSQL_URL is set but unreachable");
-    let store = tower_idempotency::store::MySqlStore::new(pool);
+    let store = tower_idempotency::store::MySqlStore::new(pool("TEST_MYSQL_URL").await?);
     store.migrate().await.expect("migrate");
-    let hog = hog(store.pool().clone());
-    Some((Arc::new(store), hog))
+    Some((Arc::new(store.clone()), hog(store.pool().clone())))
 }
 
 async fn redis() -> Option<Arc<dyn Store>> {
