@@ -116,6 +116,32 @@ async fn own(engine: &Engine, key: &StoreKey) -> Claim {
     }
 }
 
+/// The owner's side of most scenarios: claims a fresh key through `engine`, lets another
+/// process probe the key over the real `store` meanwhile, runs `work` (the faults and the
+/// operation), completes, and checks that the claim was never reported lost, that the
+/// operation ran exactly once, and that the key is settled.
+async fn owner_keeps_its_key<F>(
+    engine: &Engine,
+    store: &Arc<dyn Store>,
+    operation: &Operation,
+    work: impl FnOnce() -> F,
+) where
+    F: Future<Output = Bytes>,
+{
+    let key = key();
+    let claim = own(engine, &key).await;
+    let status = claim.status();
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
+    let output = work().await;
+    claim.complete(output).await.unwrap();
+    stop.store(true, Ordering::SeqCst);
+    prober.await.unwrap();
+    assert!(!status.is_lost(), "the owner was told it lost the key");
+    assert_eq!(operation.runs(), 1, "another process ran it too");
+    assert_not_stuck(store, &key).await;
+}
+
 /// The key ends settled: completed (replayed from now on) or absent, never left claimed.
 async fn assert_not_stuck(store: &Arc<dyn Store>, key: &StoreKey) {
     let record = store.lookup(key).await.expect("lookup");
@@ -158,22 +184,14 @@ async fn down_before(store: Arc<dyn Store>) {
 async fn down_during(store: Arc<dyn Store>) {
     let faulty = Faulty::new(store.clone());
     let engine = engine(faulty.clone(), waiting());
-    let (key, operation) = (key(), Operation::default());
-    let claim = own(&engine, &key).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
-    let status = claim.status();
-    faulty.faults.set_down(true);
-    tokio::time::sleep(LEASE / 2).await;
-    faulty.faults.set_down(false);
-    let output = operation.run(LEASE * 2).await.unwrap();
-    claim.complete(output.clone()).await.unwrap();
-    stop.store(true, Ordering::SeqCst);
-    prober.await.unwrap();
-    assert!(!status.is_lost());
-    assert_eq!(output, Bytes::from("run 1"));
-    assert_eq!(operation.runs(), 1, "another process ran it too");
-    assert_not_stuck(&store, &key).await;
+    let operation = Operation::default();
+    owner_keeps_its_key(&engine, &store, &operation, || async {
+        faulty.faults.set_down(true);
+        tokio::time::sleep(LEASE / 2).await;
+        faulty.faults.set_down(false);
+        operation.run(LEASE * 2).await.unwrap()
+    })
+    .await;
 }
 
 /// The store commits the outcome but its answer is lost: the engine confirms with a lookup
@@ -206,19 +224,12 @@ async fn down_after(store: Arc<dyn Store>) {
 async fn slow_store(store: Arc<dyn Store>) {
     let faulty = Faulty::new(store.clone());
     let engine = engine(faulty.clone(), waiting());
-    let (key, operation) = (key(), Operation::default());
+    let operation = Operation::default();
     faulty.faults.delay_ms.store(200, Ordering::SeqCst);
-    let claim = own(&engine, &key).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
-    let status = claim.status();
-    let output = operation.run(LEASE * 3).await.unwrap();
-    claim.complete(output).await.unwrap();
-    stop.store(true, Ordering::SeqCst);
-    prober.await.unwrap();
-    assert!(!status.is_lost());
-    assert_eq!(operation.runs(), 1, "another process ran it too");
-    assert_not_stuck(&store, &key).await;
+    owner_keeps_its_key(&engine, &store, &operation, || async {
+        operation.run(LEASE * 3).await.unwrap()
+    })
+    .await;
 }
 
 /// The store turns slower than the renewal interval (so slower than the store timeout, which
@@ -266,55 +277,32 @@ async fn slower_than_the_renewal_interval(store: Arc<dyn Store>) {
 async fn two_failed_renewals(store: Arc<dyn Store>, hang: bool) {
     let faulty = Faulty::new(store.clone());
     let engine = engine(faulty.clone(), waiting());
-    let (key, operation) = (key(), Operation::default());
+    let operation = Operation::default();
     let failing = if hang {
         &faulty.faults.hang_renewals
     } else {
         &faulty.faults.fail_renewals
     };
     failing.store(2, Ordering::SeqCst);
-    let claim = own(&engine, &key).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
-    let status = claim.status();
-    let output = operation.run(LEASE * 2).await.unwrap();
-    claim.complete(output).await.unwrap();
-    stop.store(true, Ordering::SeqCst);
-    prober.await.unwrap();
+    owner_keeps_its_key(&engine, &store, &operation, || async {
+        operation.run(LEASE * 2).await.unwrap()
+    })
+    .await;
     assert_eq!(failing.load(Ordering::SeqCst), 0, "both faults were hit");
-    assert!(!status.is_lost());
-    assert_eq!(
-        operation.runs(),
-        1,
-        "the lease ran out under two failed renewals"
-    );
-    assert_not_stuck(&store, &key).await;
 }
 
 /// The operation blocks its thread for two leases (a synchronous call in an async handler):
 /// the renewal runs in its own task and keeps the lease (issue 9, item 3).
 async fn blocking_operation(store: Arc<dyn Store>) {
     let engine = engine(store.clone(), waiting());
-    let (key, operation) = (key(), Operation::default());
-    let claim = own(&engine, &key).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
-    operation.runs.fetch_add(1, Ordering::SeqCst);
-    claim
-        .run(async {
-            // A synchronous call in an async handler: this worker thread is stuck.
-            std::thread::sleep(LEASE * 2);
-        })
-        .await;
-    claim.complete(Bytes::from("blocked")).await.unwrap();
-    stop.store(true, Ordering::SeqCst);
-    prober.await.unwrap();
-    assert_eq!(
-        operation.runs(),
-        1,
-        "the lease ran out while the handler blocked"
-    );
-    assert_not_stuck(&store, &key).await;
+    let operation = Operation::default();
+    owner_keeps_its_key(&engine, &store, &operation, || async {
+        operation.runs.fetch_add(1, Ordering::SeqCst);
+        // A synchronous call in an async handler: this thread is stuck.
+        std::thread::sleep(LEASE * 2);
+        Bytes::from("blocked")
+    })
+    .await;
 }
 
 /// 4 keys × 50 duplicates released together while each original runs for half a second:
@@ -469,25 +457,14 @@ async fn pool_exhausted_before(store: Arc<dyn Store>, hog: Hog) {
 /// a row; once it frees up they succeed again before the lease ends: nothing runs twice.
 async fn pool_exhausted_during(store: Arc<dyn Store>, hog: Hog) {
     let engine = engine(store.clone(), waiting());
-    let (key, operation) = (key(), Operation::default());
-    let claim = own(&engine, &key).await;
-    let status = claim.status();
-    let stop = Arc::new(AtomicBool::new(false));
-    let prober = probe(store.clone(), key.clone(), operation.clone(), stop.clone());
-    let held = hog().await;
-    tokio::time::sleep(LEASE / 2).await;
-    drop(held);
-    let output = operation.run(LEASE).await.unwrap();
-    claim.complete(output).await.unwrap();
-    stop.store(true, Ordering::SeqCst);
-    prober.await.unwrap();
-    assert!(!status.is_lost());
-    assert_eq!(
-        operation.runs(),
-        1,
-        "the lease ran out while the pool was exhausted"
-    );
-    assert_not_stuck(&store, &key).await;
+    let operation = Operation::default();
+    owner_keeps_its_key(&engine, &store, &operation, || async {
+        let held = hog().await;
+        tokio::time::sleep(LEASE / 2).await;
+        drop(held);
+        operation.run(LEASE).await.unwrap()
+    })
+    .await;
     assert_eq!(engine.waiting_keys(), 0);
 }
 
