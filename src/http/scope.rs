@@ -19,6 +19,10 @@ pub(crate) const ANONYMOUS: &str = "";
 /// then refuses the request rather than file it with every other anonymous caller's.
 pub(crate) fn by_authorization(parts: &Parts) -> Option<String> {
     let value = parts.headers.get(header::AUTHORIZATION)?;
+    // An empty credential names nobody: every client sending one would share its scope.
+    if value.as_bytes().iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
     // Runs on every protected request: hex by table, not one `format!` per byte.
     let digest = Sha256::digest(value.as_bytes());
     Some(format!("auth:{}", hex(&digest[..16])))
@@ -44,5 +48,7 @@ mod tests {
         assert!(!alice.contains("alice"));
         assert_eq!(Some(alice), by_authorization(&parts(Some("Bearer alice"))));
         assert_eq!(by_authorization(&parts(None)), None);
+        assert_eq!(by_authorization(&parts(Some(""))), None);
+        assert_eq!(by_authorization(&parts(Some("  "))), None);
     }
 }
