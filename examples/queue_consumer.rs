@@ -28,7 +28,10 @@ use tower_idempotency::{
 #[tokio::main]
 async fn main() {
     // In production: a PostgresStore or RedisStore shared by every consumer instance.
-    let engine = Engine::new(MemoryStore::new()).lease(Duration::from_secs(30));
+    let engine = Engine::builder(MemoryStore::new())
+        .lease(Duration::from_secs(30))
+        .build()
+        .expect("valid timings");
     let transitions = Arc::new(AtomicUsize::new(0));
 
     // Eight deliveries of one message, all at once.

@@ -145,6 +145,7 @@ async fn a_body_over_the_limit_is_413_and_nothing_runs() {
     // Streamed without a length, found too large while reading.
     let chunks = (0..20).map(|_| Ok::<_, Infallible>(Bytes::from(vec![b'y'; 100])));
     let streamed = Request::post("/pay")
+        .header("authorization", "Bearer alice")
         .header("idempotency-key", "k2")
         .body(Body::from_stream(futures_util::stream::iter(chunks)))
         .unwrap();
@@ -171,6 +172,7 @@ async fn a_body_that_breaks_mid_upload_is_400_and_claims_nothing() {
         Err(std::io::Error::other("connection reset")),
     ];
     let broken = Request::post("/pay")
+        .header("authorization", "Bearer alice")
         .header("idempotency-key", "k")
         .body(Body::from_stream(futures_util::stream::iter(chunks)))
         .unwrap();
@@ -183,6 +185,7 @@ async fn a_body_that_breaks_mid_upload_is_400_and_claims_nothing() {
     assert_eq!(runs.count(), 0);
     // The key was never claimed: the complete upload runs normally.
     let whole = Request::post("/pay")
+        .header("authorization", "Bearer alice")
         .header("idempotency-key", "k")
         .body(Body::from("{\"amount\":1}"))
         .unwrap();

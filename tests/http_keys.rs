@@ -117,6 +117,7 @@ async fn custom_header_name_and_methods() {
     let app = app(layer, runs.clone());
     for _ in 0..2 {
         let request = Request::post("/pay")
+            .header("authorization", "Bearer alice")
             .header("x-request-key", "k1")
             .body(Body::from("{}"))
             .unwrap();
@@ -142,6 +143,57 @@ async fn same_key_from_two_callers_is_two_operations() {
     assert_eq!(runs.count(), 2, "bob must not get alice's response");
     assert_ne!(alice.body, bob.body);
     assert_eq!(alice.body, alice_again.body);
+}
+
+/// With the default scope, a keyed request without `Authorization` names no caller: it is
+/// refused (400 missing-identity) instead of being filed in one scope shared by every
+/// anonymous caller, where one could replay another's response or probe its keys (422).
+#[tokio::test]
+async fn without_identity_a_keyed_request_is_refused_not_pooled_with_other_callers() {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(MemoryStore::new()), runs.clone());
+    let anonymous = |body: &str| {
+        Request::post("/pay")
+            .header("idempotency-key", "k")
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    };
+    let first = send(&app, anonymous("{}")).await;
+    assert_eq!(first.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        first.problem_type(),
+        "urn:tower-idempotency:missing-identity"
+    );
+    let other = send(&app, anonymous(r#"{"other":1}"#)).await;
+    assert_eq!(
+        other.problem_type(),
+        "urn:tower-idempotency:missing-identity"
+    );
+    assert_eq!(runs.count(), 0, "nothing ran, nothing was recorded");
+    // Without a key the request is not protected at all, identity or not.
+    let unkeyed = Request::post("/pay").body(Body::from("{}")).unwrap();
+    assert_eq!(send(&app, unkeyed).await.status, StatusCode::CREATED);
+    assert_eq!(runs.count(), 1);
+}
+
+/// The shared anonymous scope is an explicit opt-in: then anonymous callers share keys.
+#[tokio::test]
+async fn the_shared_anonymous_scope_is_an_opt_in() {
+    let runs = Runs::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new()).shared_anonymous_scope();
+    let app = app(layer, runs.clone());
+    for _ in 0..2 {
+        let anonymous = Request::post("/pay")
+            .header("idempotency-key", "k")
+            .body(Body::from("{}"))
+            .unwrap();
+        assert_eq!(send(&app, anonymous).await.status, StatusCode::CREATED);
+    }
+    assert_eq!(
+        runs.count(),
+        1,
+        "the second was a replay in the shared scope"
+    );
 }
 
 #[tokio::test]
@@ -189,4 +241,24 @@ async fn kill_switch_turns_the_layer_off() {
         StatusCode::CREATED
     );
     assert_eq!(runs.count(), 3);
+}
+
+/// The handler finds its claim's status in the request extensions (to check before an
+/// irreversible step that it still owns the key).
+#[tokio::test]
+async fn the_handler_sees_its_claim_status() {
+    use tower_idempotency::engine::ClaimStatus;
+    let app: axum::Router = axum::Router::new()
+        .route(
+            "/status",
+            axum::routing::post(|status: Option<axum::Extension<ClaimStatus>>| async move {
+                match status {
+                    Some(axum::Extension(status)) => format!("lost={}", status.is_lost()),
+                    None => "no status".to_owned(),
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(MemoryStore::new()));
+    let answer = send(&app, post_req("/status", Some("k"), "{}")).await;
+    assert_eq!(answer.body, "lost=false");
 }

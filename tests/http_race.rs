@@ -9,7 +9,7 @@ use axum::{
     body::Body,
     http::{Request, StatusCode},
 };
-use common::{app, post_req, send, Answer, Runs};
+use common::{app, layer_with, post_req, send, Answer, Runs};
 use tokio::sync::Barrier;
 use tower_idempotency::{store::MemoryStore, IdempotencyLayer, InProgressPolicy};
 
@@ -97,9 +97,10 @@ async fn fifty_keys_times_twenty_copies_run_fifty_times() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reject_policy_answers_409_with_retry_after_while_running() {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(MemoryStore::new())
-        .in_progress(InProgressPolicy::Reject)
-        .retry_after(Duration::from_millis(1500));
+    let layer = layer_with(MemoryStore::new(), |e| {
+        e.in_progress(InProgressPolicy::Reject)
+            .retry_after(Duration::from_millis(1500))
+    });
     let app = app(layer, runs.clone());
     let answers = storm(app.clone(), 1, 30, 300).await;
     let answers = &answers["key-0"];
@@ -127,8 +128,10 @@ async fn reject_policy_answers_409_with_retry_after_while_running() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiting_past_the_timeout_gives_409_then_replay() {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(MemoryStore::new()).in_progress(InProgressPolicy::Wait {
-        timeout: Duration::from_millis(100),
+    let layer = layer_with(MemoryStore::new(), |e| {
+        e.in_progress(InProgressPolicy::Wait {
+            timeout: Duration::from_millis(100),
+        })
     });
     let app = app(layer, runs.clone());
     let owner = tokio::spawn({
@@ -148,9 +151,11 @@ async fn waiting_past_the_timeout_gives_409_then_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_slower_than_its_lease_still_runs_once() {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(MemoryStore::new())
-        .lease(Duration::from_millis(200))
-        .replay_set_cookie(true);
+    let layer = layer_with(MemoryStore::new(), |e| {
+        e.lease(Duration::from_millis(200))
+            .store_timeout(Duration::from_millis(40))
+    })
+    .replay_set_cookie(true);
     let app = app(layer, runs.clone());
     // The handler takes 5 leases; duplicates keep arriving during all of it.
     let owner = tokio::spawn({
@@ -198,9 +203,10 @@ async fn a_client_that_hangs_up_does_not_cause_a_second_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_detach_a_hang_up_releases_the_key_instead_of_leaving_it_claimed() {
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(MemoryStore::new())
-        .detach(false)
-        .in_progress(InProgressPolicy::Reject);
+    let layer = layer_with(MemoryStore::new(), |e| {
+        e.in_progress(InProgressPolicy::Reject)
+    })
+    .detach(false);
     let app = app(layer, runs.clone());
     let cut =
         tokio::time::timeout(Duration::from_millis(100), send(&app, slow_post("k", 400))).await;

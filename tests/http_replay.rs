@@ -6,7 +6,7 @@ use axum::{
     body::Body,
     http::{header, Request, StatusCode},
 };
-use common::{app, post_req, send, Runs};
+use common::{app, layer_with, post_req, send, Runs};
 use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
 
 #[tokio::test]
@@ -109,6 +109,7 @@ async fn fingerprinted_header_counts() {
     let app = app(layer, runs.clone());
     let with_type = |ct: &str| {
         Request::post("/pay")
+            .header("authorization", "Bearer alice")
             .header("idempotency-key", "k")
             .header("content-type", ct)
             .body(Body::from("{}"))
@@ -129,8 +130,9 @@ async fn fingerprinted_header_counts() {
 #[tokio::test]
 async fn completed_key_runs_again_after_retention() {
     let runs = Runs::default();
-    let layer =
-        IdempotencyLayer::new(MemoryStore::new()).retention(std::time::Duration::from_millis(300));
+    let layer = layer_with(MemoryStore::new(), |e| {
+        e.retention(std::time::Duration::from_millis(300))
+    });
     let app = app(layer, runs.clone());
     send(&app, post_req("/pay", Some("k"), "{}")).await;
     send(&app, post_req("/pay", Some("k"), "{}")).await;

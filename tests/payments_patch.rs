@@ -11,7 +11,11 @@ use tokio::{sync::Barrier, task::JoinSet};
 
 async fn patch(http: &Http, path: &str, headers: &[(&str, &str)], status: &str) -> Reply {
     let body = format!(r#"{{"status":"{status}"}}"#);
-    http.send(Method::PATCH, path, headers, &body).await
+    let with_caller: Vec<_> = [("authorization", "Bearer alice")]
+        .into_iter()
+        .chain(headers.iter().copied())
+        .collect();
+    http.send(Method::PATCH, path, &with_caller, &body).await
 }
 
 /// Creates a payment and returns its path.
@@ -36,6 +40,18 @@ async fn if_match_rules_of_the_patch_route() {
 
     let missing = patch(&http, &path, &[], "paid").await;
     missing.assert_problem(StatusCode::PRECONDITION_REQUIRED);
+
+    // No caller: 401 before anything else, and nothing changes.
+    let anonymous = http
+        .send(
+            Method::PATCH,
+            &path,
+            &[("if-match", "\"1\""), ("idempotency-key", "anon")],
+            r#"{"status":"paid"}"#,
+        )
+        .await;
+    anonymous.assert_problem(StatusCode::UNAUTHORIZED);
+    assert_eq!(http.get(&path).await.json()["status"], "pending");
 
     let garbage = patch(&http, &path, &[("if-match", "abc")], "paid").await;
     garbage.assert_problem(StatusCode::BAD_REQUEST);

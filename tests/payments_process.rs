@@ -183,16 +183,19 @@ async fn keys_are_scoped_by_caller() {
 
     let alice = server.charge(&Charge::new(&key, "alice")).await;
     let bob = server.charge(&Charge::new(&key, "bob")).await;
-    let anonymous = server.charge(&Charge::new(&key, "").without_caller()).await;
-    for reply in [&alice, &bob, &anonymous] {
+    for reply in [&alice, &bob] {
         assert_eq!(reply.status, StatusCode::CREATED);
     }
-    let ids: HashSet<_> = [&alice, &bob, &anonymous]
-        .map(payment_id)
-        .into_iter()
-        .collect();
-    assert_eq!(ids.len(), 3, "one key, three callers, three payments");
-    assert_eq!(server.charges().await, 3);
+    let ids: HashSet<_> = [&alice, &bob].map(payment_id).into_iter().collect();
+    assert_eq!(ids.len(), 2, "one key, two callers, two payments");
+    assert_eq!(server.charges().await, 2);
+
+    // No caller: 401, nothing charged or recorded (never a scope shared by anonymous callers).
+    for _ in 0..2 {
+        let anonymous = server.charge(&Charge::new(&key, "").without_caller()).await;
+        anonymous.assert_problem(StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(server.charges().await, 2);
 
     // Each caller replays its own payment, never another caller's.
     assert_eq!(
@@ -203,7 +206,7 @@ async fn keys_are_scoped_by_caller() {
         server.charge(&Charge::new(&key, "bob")).await.identity(),
         bob.identity()
     );
-    assert_eq!(server.charges().await, 3);
+    assert_eq!(server.charges().await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,7 @@ use axum::{
     Router,
 };
 use bytes::Bytes;
-use common::{app, post_req, proxy::Proxy, send, Answer, Runs};
+use common::{app, layer_with, post_req, proxy::Proxy, send, Answer, Runs};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tower_idempotency::{
     engine::{EngineError, Execution, RunError},
@@ -122,7 +122,7 @@ fn outcome(answer: &Answer) -> (StatusCode, String) {
 async fn postgres_down_answers_503_without_running_then_recovers() {
     let Some(pg) = postgres().await else { return };
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(pg.store.clone()).retry_after(Duration::from_secs(2));
+    let layer = layer_with(pg.store.clone(), |e| e.retry_after(Duration::from_secs(2)));
     let app = app(layer, runs.clone());
     let key = fresh_key();
 
@@ -216,7 +216,9 @@ async fn postgres_cut_mid_flight_is_recorded_by_the_retries() {
         outage: Outage::RestoreAfterTurnedAway(1),
     };
     // Reject: a duplicate of an unrecorded outcome answers 409 at once instead of waiting.
-    let layer = IdempotencyLayer::new(pg.store.clone()).in_progress(InProgressPolicy::Reject);
+    let layer = layer_with(pg.store.clone(), |e| {
+        e.in_progress(InProgressPolicy::Reject)
+    });
     let app = cutting_app(layer, cutter);
     let key = fresh_key();
 
@@ -260,17 +262,21 @@ async fn postgres_down_past_the_retries_reruns_after_the_lease() {
     // Long enough for the 409 below to be sent well within it, short for the test's run time.
     let lease = Duration::from_secs(3);
     let rejecting = cutting_app(
-        IdempotencyLayer::new(pg.store.clone())
-            .lease(lease)
-            .in_progress(InProgressPolicy::Reject),
+        layer_with(pg.store.clone(), |e| {
+            e.lease(lease)
+                .store_timeout(Duration::from_millis(500))
+                .in_progress(InProgressPolicy::Reject)
+        }),
         cutter.clone(),
     );
     let waiting = cutting_app(
-        IdempotencyLayer::new(pg.store.clone())
-            .lease(lease)
-            .in_progress(InProgressPolicy::Wait {
-                timeout: Duration::from_secs(15),
-            }),
+        layer_with(pg.store.clone(), |e| {
+            e.lease(lease)
+                .store_timeout(Duration::from_millis(500))
+                .in_progress(InProgressPolicy::Wait {
+                    timeout: Duration::from_secs(15),
+                })
+        }),
         cutter,
     );
     let key = fresh_key();
@@ -305,7 +311,10 @@ async fn postgres_down_past_the_retries_reruns_after_the_lease() {
 #[tokio::test]
 async fn postgres_down_engine_run_once_is_a_typed_store_error() {
     let Some(pg) = postgres().await else { return };
-    let engine = Engine::new(pg.store.clone()).retry_after(Duration::from_secs(3));
+    let engine = Engine::builder(pg.store.clone())
+        .retry_after(Duration::from_secs(3))
+        .build()
+        .unwrap();
     let key = StoreKey::new(format!("faults-{}", Token::random().to_hex()), "message-1");
     let fingerprint = Fingerprint::of([b"payload".as_slice()]);
     let calls = Arc::new(AtomicUsize::new(0));
@@ -396,7 +405,9 @@ async fn postgres_stall_after_acquire_answers_503_in_bounded_time() {
         return;
     };
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(pg.store.clone()).store_timeout(Duration::from_millis(500));
+    let layer = layer_with(pg.store.clone(), |e| {
+        e.store_timeout(Duration::from_millis(500))
+    });
     let app = app(layer, runs.clone());
     // The migration's connection goes back to the pool in the background: wait for it, so the
     // stall starts after the pool's own traffic.
@@ -439,7 +450,7 @@ async fn redis_down_answers_503_without_running_then_recovers() {
         .await
         .expect("Redis through the proxy");
     let runs = Runs::default();
-    let layer = IdempotencyLayer::new(store).retry_after(Duration::from_secs(2));
+    let layer = layer_with(store, |e| e.retry_after(Duration::from_secs(2)));
     let app = app(layer, runs.clone());
     let key = fresh_key();
 

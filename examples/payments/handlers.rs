@@ -3,8 +3,9 @@
 use std::sync::atomic::Ordering;
 
 use axum::{
-    extract::{Path, State},
-    http::{header, HeaderValue, StatusCode},
+    extract::{Path, Request, State},
+    http::{header, HeaderValue, Method, StatusCode},
+    middleware::Next,
     response::{IntoResponse, Response},
     Json,
 };
@@ -19,6 +20,16 @@ use crate::{payments::Payment, problem, App};
 struct NewPayment {
     amount: i64,
     currency: String,
+}
+
+/// Answers 401 to a POST or PATCH without `Authorization`, before the idempotency layer: the
+/// caller is what scopes keys, and this service has no anonymous callers.
+pub async fn require_caller(request: Request, next: Next) -> Response {
+    let writes = request.method() == Method::POST || request.method() == Method::PATCH;
+    if writes && !request.headers().contains_key(header::AUTHORIZATION) {
+        return problem::unauthorized();
+    }
+    next.run(request).await
 }
 
 /// `POST /payments`: validate, then record exactly one charge.

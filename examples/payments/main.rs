@@ -21,10 +21,11 @@ mod sql_payments;
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use axum::{
+    middleware,
     routing::{get, post},
     Router,
 };
-use tower_idempotency::{store::spawn_purger, IdempotencyLayer};
+use tower_idempotency::{store::spawn_purger, Engine, IdempotencyLayer};
 
 use crate::config::Config;
 
@@ -64,10 +65,16 @@ async fn run() -> Result<(), backends::Error> {
     // a minute in short batches. Each process runs its own purger.
     let purger = spawn_purger(backends.idempotency.clone(), Duration::from_secs(60), 1_000);
 
-    let idempotency = IdempotencyLayer::new(backends.idempotency)
+    // Keys are scoped by caller (the `Authorization` header); `require_caller` answers 401
+    // before the layer sees a request without one.
+    let engine = Engine::builder_shared(backends.idempotency.clone())
         .lease(config.lease)
+        // Short leases (tests set 1 s) need a store timeout short enough for two failed
+        // renewals to fit in one lease; `build` refuses anything else.
+        .store_timeout(Duration::from_secs(5).min(config.lease / 5))
         .retention(config.retention)
-        .enabled(!config.idempotency_disabled);
+        .build()?;
+    let idempotency = IdempotencyLayer::from_engine(engine).enabled(!config.idempotency_disabled);
 
     // Kept to wait for detached handlers at shutdown.
     let engine = idempotency.engine().clone();
@@ -81,7 +88,9 @@ async fn run() -> Result<(), backends::Error> {
         // Creating a charge must never happen twice: the key is required.
         .route(
             "/payments",
-            post(handlers::create).layer(idempotency.clone().require_key()),
+            post(handlers::create)
+                .layer(idempotency.clone().require_key())
+                .layer(middleware::from_fn(handlers::require_caller)),
         )
         // A state transition may carry a key (optional): a retried PATCH replays its first
         // answer even though its If-Match has gone stale meanwhile.
@@ -89,7 +98,8 @@ async fn run() -> Result<(), backends::Error> {
             "/payments/{id}",
             get(handlers::read)
                 .patch(handlers::update)
-                .layer(idempotency.clone()),
+                .layer(idempotency.clone())
+                .layer(middleware::from_fn(handlers::require_caller)),
         )
         .route("/stats", get(handlers::stats))
         .with_state(app);

@@ -54,6 +54,23 @@ pub fn internal(error: impl std::fmt::Display) -> Response {
     )
 }
 
+/// 401 for a POST or PATCH without `Authorization`: every operation belongs to a caller.
+pub fn unauthorized() -> Response {
+    let mut response = respond(
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "urn:payments:unauthorized",
+            "Caller identity required",
+        )
+        .detail("send an Authorization header (e.g. `Bearer alice`); nothing was recorded"),
+    );
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Bearer"),
+    );
+    response
+}
+
 pub fn respond(problem: Problem) -> Response {
     problem
         .into_response()

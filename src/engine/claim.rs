@@ -1,16 +1,25 @@
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
+use tokio::time::Instant;
 
-use super::{in_flight::InFlightGuard, Engine};
+use super::{
+    in_flight::InFlightGuard,
+    renewal::Renewal,
+    status::{ClaimStatus, LostFlag},
+    Engine,
+};
 use crate::{
-    record::{StoreKey, Token},
+    record::{Fingerprint, Record, StoreKey, Token},
     store::StoreError,
 };
 
 /// Ownership of a key: the caller won the claim and must run the operation.
 ///
-/// Finish with [`complete`](Self::complete) (the outcome is replayed to duplicates) or
+/// While a `Claim` exists its lease is renewed by a task of its own (every quarter of the
+/// lease, retrying failures promptly), so the operation keeps the key however long it runs and
+/// whatever it does with its thread; [`status`](Self::status) tells it if the key was lost
+/// anyway. Finish with [`complete`](Self::complete) (the outcome is replayed to duplicates) or
 /// [`release`](Self::release) (a retry runs the operation again). A `Claim` dropped without
 /// either — a panic, a cancelled task — releases itself in the background, so a key is never
 /// left claimed by an owner that is gone.
@@ -19,7 +28,10 @@ pub struct Claim {
     engine: Engine,
     key: StoreKey,
     token: Token,
+    fingerprint: Fingerprint,
     settled: bool,
+    lost: Arc<LostFlag>,
+    renewal: Renewal,
     /// Counts this claim as in flight until it is completed or released (see
     /// [`Engine::drained`]).
     in_flight: Option<InFlightGuard>,
@@ -30,13 +42,20 @@ impl Claim {
         engine: Engine,
         key: StoreKey,
         token: Token,
+        fingerprint: Fingerprint,
+        claimed_at: Instant,
         in_flight: InFlightGuard,
     ) -> Self {
+        let lost = Arc::new(LostFlag::new());
+        let renewal = Renewal::start(engine.clone(), key.clone(), token, claimed_at, lost.clone());
         Self {
             engine,
             key,
             token,
+            fingerprint,
             settled: false,
+            lost,
+            renewal,
             in_flight: Some(in_flight),
         }
     }
@@ -51,49 +70,27 @@ impl Claim {
         self.token
     }
 
-    /// Drives `operation` while renewing the lease every third of its length, so a slow
-    /// operation keeps its key for as long as it runs; the lease only runs out if this process
-    /// stops renewing it (it died).
+    /// A handle that says whether this claim was lost while the operation ran.
+    pub fn status(&self) -> ClaimStatus {
+        self.lost.status()
+    }
+
+    /// Drives `operation` to its end. The lease is renewed by the claim's own task whether or
+    /// not the operation runs under `run`; this is kept so call sites read as "run under the
+    /// claim".
     pub async fn run<F: Future>(&self, operation: F) -> F::Output {
-        let renew = async {
-            let every = self.engine.config.renew_every();
-            loop {
-                tokio::time::sleep(every).await;
-                let engine = &self.engine;
-                match engine
-                    .bounded(
-                        engine
-                            .store
-                            .renew(&self.key, self.token, engine.config.lease),
-                    )
-                    .await
-                {
-                    Ok(()) => tracing::trace!(key = %self.key.log_id(), "lease renewed"),
-                    Err(StoreError::StaleToken) => {
-                        // Someone took the key over: renewing is pointless, and `complete`
-                        // will be refused by the fence.
-                        tracing::error!(key = %self.key.log_id(), "lease lost while the operation was running: renewals came too late");
-                        std::future::pending::<()>().await;
-                    }
-                    Err(error) => {
-                        tracing::warn!(key = %self.key.log_id(), error = %error, "lease renewal failed; will retry")
-                    }
-                }
-            }
-        };
-        tokio::select! {
-            output = operation => output,
-            () = renew => unreachable!("the renewal loop never ends"),
-        }
+        operation.await
     }
 
     /// Records `payload` as the outcome and wakes waiting duplicates. A failing store is
-    /// retried with backoff a few times; [`StoreError::StaleToken`] is final (the lease ran
-    /// out and the key belongs to someone else).
+    /// retried with backoff a few times. When a write failed or timed out, the record is
+    /// looked up before an error is reported: a write that committed although its answer was
+    /// lost counts as recorded. [`StoreError::StaleToken`] otherwise means the lease ran out
+    /// and the key belongs to someone else.
     pub async fn complete(mut self, payload: Bytes) -> Result<(), StoreError> {
-        self.settled = true;
+        self.settle();
         let engine = &self.engine;
-        let result = engine
+        let mut result = engine
             .with_retries("complete", &self.key, || {
                 engine.store.complete(
                     &self.key,
@@ -103,15 +100,45 @@ impl Claim {
                 )
             })
             .await;
+        if result.is_err() && self.recorded(&payload).await {
+            tracing::info!(key = %self.key.log_id(), "the outcome was recorded although the store's answer was lost");
+            result = Ok(());
+        }
         engine.waiters.wake(&self.key);
         result
+    }
+
+    /// Whether the store holds our outcome: completed, with our fingerprint and payload.
+    async fn recorded(&self, payload: &Bytes) -> bool {
+        match self
+            .engine
+            .bounded(self.engine.store.lookup(&self.key))
+            .await
+        {
+            Ok(Some(Record::Completed {
+                fingerprint,
+                payload: stored,
+            })) => fingerprint == self.fingerprint && stored == *payload,
+            Ok(_) => false,
+            Err(error) => {
+                tracing::warn!(key = %self.key.log_id(), error = %error, "could not check whether the outcome was recorded");
+                false
+            }
+        }
     }
 
     /// Gives the key up so that the next request with it runs the operation again, and wakes
     /// waiting duplicates so one of them can take it.
     pub async fn release(mut self) -> Result<(), StoreError> {
-        self.settled = true;
+        self.settle();
         release(&self.engine, &self.key, self.token).await
+    }
+
+    /// No more renewals: a renewal landing after `complete` would be refused and mistaken for
+    /// a lost lease.
+    fn settle(&mut self) {
+        self.settled = true;
+        self.renewal.stop();
     }
 }
 
@@ -128,6 +155,7 @@ impl Drop for Claim {
         if self.settled {
             return;
         }
+        self.renewal.stop();
         let (engine, key, token) = (self.engine.clone(), self.key.clone(), self.token);
         let in_flight = self.in_flight.take();
         match tokio::runtime::Handle::try_current() {

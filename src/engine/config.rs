@@ -4,10 +4,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InProgressPolicy {
-    /// Wait up to `timeout` for the running request to finish, then replay its outcome. Past
+    /// Wait up to `timeout` for the running original to finish, then replay its outcome. Past
     /// the timeout, give up with [`EngineError::InProgress`](super::EngineError::InProgress).
-    /// Waiters in the owner's process are woken the moment it finishes; waiters elsewhere
-    /// poll the store with capped exponential backoff.
+    /// The waiters of one key in one process share a single watch on the store (woken the
+    /// moment an owner in this process finishes, polling with capped backoff otherwise).
     Wait {
         /// The longest a duplicate waits.
         timeout: Duration,
@@ -18,6 +18,7 @@ pub enum InProgressPolicy {
 }
 
 /// Timing of the claim lifecycle. The defaults suit request handlers that finish in seconds.
+/// Only [`EngineBuilder::build`](super::EngineBuilder::build) makes one, after checking it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EngineConfig {
     /// How long a claim survives without renewal, i.e. after its owner died.
@@ -34,6 +35,8 @@ pub(crate) struct EngineConfig {
     pub(crate) complete_attempts: u32,
     /// The longest one store call may take before it counts as failed.
     pub(crate) store_timeout: Duration,
+    /// The most requests of this process that may wait on one key at once.
+    pub(crate) max_waiters_per_key: usize,
 }
 
 impl Default for EngineConfig {
@@ -48,13 +51,201 @@ impl Default for EngineConfig {
             retry_after: Duration::from_secs(1),
             complete_attempts: 4,
             store_timeout: Duration::from_secs(5),
+            max_waiters_per_key: 1024,
         }
     }
 }
 
+/// Durations are stored as signed 64-bit milliseconds by the SQL stores and added to the
+/// clock by the others: anything longer is refused rather than wrapped or panicking.
+const LONGEST: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+
 impl EngineConfig {
-    /// The renewal period: a third of the lease, so two renewals can fail before it runs out.
+    /// The renewal period: a quarter of the lease.
     pub(crate) fn renew_every(&self) -> Duration {
-        (self.lease / 3).max(Duration::from_millis(10))
+        self.lease / 4
+    }
+
+    /// The pause before retrying a renewal that failed: short, so that two failures in a row
+    /// still leave time for a third attempt before the lease ends.
+    pub(crate) fn renew_retry(&self) -> Duration {
+        self.lease / 16
+    }
+
+    /// The worst case from a successful renewal to the end of the third attempt after it, when
+    /// the first two fail only at the store timeout. `None` on overflow.
+    fn renewal_worst_case(&self) -> Option<Duration> {
+        self.renew_every()
+            .checked_add(self.store_timeout.checked_mul(3)?)?
+            .checked_add(self.renew_retry().checked_mul(2)?)
+    }
+
+    /// Checks every rule; the first one broken is the error.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.lease.is_zero() {
+            return Err(ConfigError::ZeroLease);
+        }
+        if self.retention.is_zero() {
+            return Err(ConfigError::ZeroRetention);
+        }
+        if self.store_timeout.is_zero() {
+            return Err(ConfigError::ZeroStoreTimeout);
+        }
+        if self.max_waiters_per_key == 0 {
+            return Err(ConfigError::ZeroWaiters);
+        }
+        for (name, value) in [
+            ("lease", self.lease),
+            ("retention", self.retention),
+            ("store_timeout", self.store_timeout),
+            ("retry_after", self.retry_after),
+        ] {
+            if value > LONGEST || tokio::time::Instant::now().checked_add(value).is_none() {
+                return Err(ConfigError::TooLong {
+                    name,
+                    value,
+                    max: LONGEST,
+                });
+            }
+        }
+        if let InProgressPolicy::Wait { timeout } = self.in_progress {
+            if timeout > LONGEST {
+                return Err(ConfigError::TooLong {
+                    name: "in_progress wait timeout",
+                    value: timeout,
+                    max: LONGEST,
+                });
+            }
+        }
+        match self.renewal_worst_case() {
+            Some(worst) if worst <= self.lease => Ok(()),
+            _ => Err(ConfigError::LeaseTooShort {
+                lease: self.lease,
+                store_timeout: self.store_timeout,
+                // lease/4 + 3 T + 2 lease/16 <= lease  <=>  T <= 5 lease / 24
+                max_store_timeout: self.lease * 5 / 24,
+                min_lease: self.store_timeout.saturating_mul(24) / 5,
+            }),
+        }
+    }
+}
+
+/// A timing configuration the engine refuses to run with, from
+/// [`EngineBuilder::build`](super::EngineBuilder::build). Each variant is one rule; its message
+/// says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A zero lease would let every duplicate take the key over at once: no mutual exclusion.
+    #[error("the lease is zero, which removes mutual exclusion between duplicates; set a lease of a few seconds or more")]
+    ZeroLease,
+
+    /// A zero retention would forget every outcome as soon as it is recorded.
+    #[error("the retention is zero, so no outcome would ever be replayed; set it longer than your clients' retry horizon (default 24 h)")]
+    ZeroRetention,
+
+    /// A zero store timeout fails every store call.
+    #[error("store_timeout is zero, so every store call would fail; set it to a few seconds at most a fifth of the lease")]
+    ZeroStoreTimeout,
+
+    /// A cap of zero waiters turns every concurrent duplicate into a 409.
+    #[error("max_waiters_per_key is zero; use InProgressPolicy::Reject to refuse concurrent duplicates, or allow at least one waiter")]
+    ZeroWaiters,
+
+    /// The lease cannot survive two failed renewals: the owner renews every quarter of the
+    /// lease and retries a failure after a sixteenth of it, each attempt bounded by
+    /// `store_timeout`, so `lease/4 + 3 × store_timeout + 2 × lease/16` must fit in the lease.
+    #[error("a lease of {lease:?} does not survive two failed renewals of up to store_timeout = {store_timeout:?} each; set the lease to at least {min_lease:?} or store_timeout to at most {max_store_timeout:?}")]
+    LeaseTooShort {
+        /// The lease configured.
+        lease: Duration,
+        /// The store timeout configured.
+        store_timeout: Duration,
+        /// The shortest lease that works with this store timeout.
+        min_lease: Duration,
+        /// The longest store timeout that works with this lease.
+        max_store_timeout: Duration,
+    },
+
+    /// A duration too long for the stores' clock arithmetic.
+    #[error("{name} = {value:?} is longer than the stores can represent; use at most {max:?}")]
+    TooLong {
+        /// Which setting.
+        name: &'static str,
+        /// The value configured.
+        value: Duration,
+        /// The longest accepted.
+        max: Duration,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(change: impl FnOnce(&mut EngineConfig)) -> Result<(), ConfigError> {
+        let mut config = EngineConfig::default();
+        change(&mut config);
+        config.validate()
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(with(|_| {}), Ok(()));
+    }
+
+    #[test]
+    fn each_rule_is_its_own_error() {
+        assert_eq!(
+            with(|c| c.lease = Duration::ZERO),
+            Err(ConfigError::ZeroLease)
+        );
+        assert_eq!(
+            with(|c| c.retention = Duration::ZERO),
+            Err(ConfigError::ZeroRetention)
+        );
+        assert_eq!(
+            with(|c| c.store_timeout = Duration::ZERO),
+            Err(ConfigError::ZeroStoreTimeout)
+        );
+        assert!(matches!(
+            with(|c| c.lease = Duration::from_millis(10)),
+            Err(ConfigError::LeaseTooShort { .. })
+        ));
+        assert!(matches!(
+            with(|c| c.retention = Duration::MAX),
+            Err(ConfigError::TooLong {
+                name: "retention",
+                ..
+            })
+        ));
+        assert!(matches!(
+            with(|c| c.lease = Duration::MAX),
+            Err(ConfigError::TooLong { name: "lease", .. })
+        ));
+        assert!(matches!(
+            with(|c| c.store_timeout = Duration::MAX),
+            Err(ConfigError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn the_suggested_fix_is_accepted() {
+        let Err(ConfigError::LeaseTooShort {
+            min_lease,
+            max_store_timeout,
+            ..
+        }) = with(|c| c.lease = Duration::from_secs(2))
+        else {
+            panic!("a 2 s lease with a 5 s store timeout must be refused")
+        };
+        assert_eq!(with(|c| c.lease = min_lease), Ok(()));
+        assert_eq!(
+            with(|c| {
+                c.lease = Duration::from_secs(2);
+                c.store_timeout = max_store_timeout;
+            }),
+            Ok(())
+        );
     }
 }

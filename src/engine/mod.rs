@@ -29,10 +29,13 @@
 //! # }
 //! ```
 
+mod builder;
 mod claim;
 mod config;
 mod error;
 mod in_flight;
+mod renewal;
+mod status;
 mod waiters;
 
 use std::{future::Future, sync::Arc, time::Duration};
@@ -40,15 +43,35 @@ use std::{future::Future, sync::Arc, time::Duration};
 use bytes::Bytes;
 use tokio::time::Instant;
 
+pub use builder::EngineBuilder;
 pub use claim::Claim;
 pub(crate) use config::EngineConfig;
-pub use config::InProgressPolicy;
+pub use config::{ConfigError, InProgressPolicy};
 pub use error::{EngineError, RunError};
+pub use status::ClaimStatus;
 
 use crate::{
     record::{ClaimOutcome, Fingerprint, Record, StoreKey},
     store::{Store, StoreError},
 };
+use waiters::Seen;
+
+/// A store error seen by the key's shared watch, handed to each of its waiters.
+#[derive(Debug)]
+struct SharedError(Arc<StoreError>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // Straight to the backend's own error, as a waiter's own lookup would have it.
+        self.0.source()
+    }
+}
 
 /// Runs operations at most once per key, refereed by a [`Store`]. Clones share the store, the
 /// configuration and the in-process waiters.
@@ -90,53 +113,51 @@ impl Execution {
 
 impl Engine {
     /// An engine over `store` with the default timings: 30 s lease, 24 h retention, duplicates
-    /// wait up to 10 s for a running original.
+    /// wait up to 10 s for a running original. [`Engine::builder`] changes them.
     pub fn new(store: impl Store) -> Self {
         Self::from_shared(Arc::new(store))
     }
 
-    /// An engine over a store that is already shared.
+    /// An engine over a store that is already shared, with the default timings.
     pub fn from_shared(store: Arc<dyn Store>) -> Self {
+        Self::with_config(store, EngineConfig::default())
+    }
+
+    /// Configures an engine over `store`; [`EngineBuilder::build`] checks the timings.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::{store::MemoryStore, Engine};
+    ///
+    /// let engine = Engine::builder(MemoryStore::new())
+    ///     .lease(Duration::from_secs(10))
+    ///     .store_timeout(Duration::from_secs(1))
+    ///     .build()
+    ///     .expect("valid timings");
+    /// # let _ = engine;
+    /// ```
+    pub fn builder(store: impl Store) -> EngineBuilder {
+        EngineBuilder::new(Arc::new(store))
+    }
+
+    /// [`Engine::builder`] over a store that is already shared.
+    pub fn builder_shared(store: Arc<dyn Store>) -> EngineBuilder {
+        EngineBuilder::new(store)
+    }
+
+    pub(crate) fn with_config(store: Arc<dyn Store>, config: EngineConfig) -> Self {
         Self {
             store,
-            config: Arc::default(),
+            config: Arc::new(config),
             waiters: Arc::default(),
             in_flight: Arc::default(),
         }
     }
 
-    /// How long a claim survives its owner's death (default 30 s). The owner renews it every
-    /// third of this while it runs, so it bounds only the wait after a crash.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        Arc::make_mut(&mut self.config).lease = lease;
-        self
-    }
-
-    /// How long a completed outcome is replayed (default 24 h). After it, the same key is a
-    /// new request and runs again.
-    pub fn retention(mut self, retention: Duration) -> Self {
-        Arc::make_mut(&mut self.config).retention = retention;
-        self
-    }
-
-    /// What a duplicate does while the original is still running (default: wait up to 10 s).
-    pub fn in_progress(mut self, policy: InProgressPolicy) -> Self {
-        Arc::make_mut(&mut self.config).in_progress = policy;
-        self
-    }
-
-    /// The delay suggested to callers told to come back later (default 1 s).
-    pub fn retry_after(mut self, delay: Duration) -> Self {
-        Arc::make_mut(&mut self.config).retry_after = delay;
-        self
-    }
-
-    /// The longest a single store call may take (default 5 s). Past it the call counts as a
-    /// store failure: a claim answers "unavailable" (HTTP 503) instead of hanging on a
-    /// network that went silent, and a `complete` is retried.
-    pub fn store_timeout(mut self, limit: Duration) -> Self {
-        Arc::make_mut(&mut self.config).store_timeout = limit;
-        self
+    /// How many keys requests of this process are waiting on right now (each with one shared
+    /// watch on the store). Zero when nothing waits: an entry outliving its waiters is a leak.
+    pub fn waiting_keys(&self) -> usize {
+        self.waiters.keys()
     }
 
     /// Runs one store call under the engine's time limit.
@@ -184,16 +205,35 @@ impl Engine {
         key: StoreKey,
         fingerprint: Fingerprint,
     ) -> Result<Begin, EngineError> {
-        let claimed = self.claim(&key, &fingerprint).await?;
-        match claimed {
+        match self.try_begin(&key, &fingerprint).await? {
             Some(begin) => Ok(begin),
-            None => match self.config.in_progress {
-                InProgressPolicy::Reject => {
-                    tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
-                    Err(self.still_running())
-                }
-                InProgressPolicy::Wait { timeout } => self.wait(key, fingerprint, timeout).await,
-            },
+            None => self.wait_for(key, fingerprint).await,
+        }
+    }
+
+    /// The first step of [`begin`](Self::begin): one claim. `None`: a live claim with the
+    /// same fingerprint is running; [`wait_for`](Self::wait_for) it.
+    pub(crate) async fn try_begin(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<Begin>, EngineError> {
+        self.claim(key, fingerprint).await
+    }
+
+    /// The second step of [`begin`](Self::begin): the duplicate's policy once the original is
+    /// known to be running.
+    pub(crate) async fn wait_for(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin, EngineError> {
+        match self.config.in_progress {
+            InProgressPolicy::Reject => {
+                tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
+                Err(self.still_running())
+            }
+            InProgressPolicy::Wait { timeout } => self.wait(key, fingerprint, timeout).await,
         }
     }
 
@@ -232,6 +272,7 @@ impl Engine {
         key: &StoreKey,
         fingerprint: &Fingerprint,
     ) -> Result<Option<Begin>, EngineError> {
+        let claimed_at = Instant::now();
         let outcome = self
             .bounded(self.store.claim(key, fingerprint, self.config.lease))
             .await
@@ -240,7 +281,14 @@ impl Engine {
             ClaimOutcome::Claimed(token) => {
                 tracing::debug!(key = %key.log_id(), "claimed");
                 let in_flight = self.in_flight.enter();
-                let claim = Claim::new(self.clone(), key.clone(), token, in_flight);
+                let claim = Claim::new(
+                    self.clone(),
+                    key.clone(),
+                    token,
+                    *fingerprint,
+                    claimed_at,
+                    in_flight,
+                );
                 Ok(Some(Begin::Run(claim)))
             }
             ClaimOutcome::Existing(record) => self.existing(key, fingerprint, record),
@@ -267,7 +315,9 @@ impl Engine {
     }
 
     /// Waits for the running original to finish, then replays it; takes the key over if the
-    /// original gave it up (released, or its lease ran out).
+    /// original gave it up (released, or its lease ran out). The waiters of one key share one
+    /// watch on the store (see `waiters`); past `max_waiters_per_key` a duplicate is told to
+    /// come back later instead of waiting.
     async fn wait(
         &self,
         key: StoreKey,
@@ -277,34 +327,56 @@ impl Engine {
         let span = tracing::debug_span!("idempotency.wait", key = %key.log_id());
         let _entered = span.enter();
         let deadline = Instant::now() + timeout;
-        let subscription = self.waiters.subscribe(&key);
-        let (mut pause, max_pause) = self.config.poll;
+        let Some(mut subscription) =
+            self.waiters
+                .subscribe(&key, self.config.max_waiters_per_key, |watch| {
+                    tokio::spawn(self.clone().watch(key.clone(), watch))
+                })
+        else {
+            tracing::warn!("too many requests waiting on this key; answering in-progress");
+            return Err(self.still_running());
+        };
         loop {
-            // Subscribe first, look second: a completion after the look still wakes us.
-            let woken = subscription.notify().notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-
-            let found = self
-                .bounded(self.store.lookup(&key))
-                .await
-                .map_err(|e| self.unavailable(&key, e))?;
-            let decided = match found {
-                Some(record) => self.existing(&key, &fingerprint, record)?,
+            let seen = match tokio::time::timeout_at(deadline, subscription.next()).await {
+                Ok(Some(seen)) => seen,
+                Ok(None) | Err(_) => {
+                    tracing::debug!("gave up waiting for the original request");
+                    return Err(self.still_running());
+                }
+            };
+            let decided = match seen {
+                Seen::Record(record) => self.existing(&key, &fingerprint, record)?,
                 // Released or expired: whoever claims next runs it — maybe us.
-                None => self.claim(&key, &fingerprint).await?,
+                Seen::Absent => self.claim(&key, &fingerprint).await?,
+                Seen::Failed(error) => {
+                    return Err(self.unavailable(
+                        &key,
+                        StoreError::backend("shared lookup", SharedError(error)),
+                    ))
+                }
             };
             if let Some(begin) = decided {
                 return Ok(begin);
             }
-            let now = Instant::now();
-            if now >= deadline {
-                tracing::debug!("gave up waiting for the original request");
-                return Err(self.still_running());
-            }
+        }
+    }
+
+    /// The one store watch of a key: looks it up, publishes what it saw to the key's waiters,
+    /// and looks again after a capped, doubling pause, or at once when asked. Runs until the
+    /// last waiter leaves (which aborts it).
+    async fn watch(self, key: StoreKey, watch: Arc<waiters::KeyWatch>) {
+        let (first, max_pause) = self.config.poll;
+        let mut pause = first;
+        loop {
+            let seen = match self.bounded(self.store.lookup(&key)).await {
+                Ok(Some(record)) => Seen::Record(record),
+                Ok(None) => Seen::Absent,
+                Err(error) => Seen::Failed(Arc::new(error)),
+            };
+            watch.publish(seen);
             tokio::select! {
-                () = &mut woken => {}
-                () = tokio::time::sleep(pause.min(deadline - now)) => pause = (pause * 2).min(max_pause),
+                () = watch.look_requested() => pause = first,
+                () = tokio::time::sleep(pause) => pause = (pause * 2).min(max_pause),
             }
         }
     }

@@ -1,79 +1,147 @@
-//! In-process wake-ups for requests waiting on a key another task of this process is running.
+//! The requests of this process that wait on a key another request is running, and the one
+//! store watch they share.
 //!
-//! A waiter subscribes before it looks at the store, so a completion that lands between its
-//! look and its sleep still wakes it. Waiters in other processes are not reached by this; they
-//! poll the store with capped backoff (see `Engine::wait`).
+//! However many duplicates wait on a key, the process looks the key up with one polling task
+//! (capped exponential backoff, woken at once when an owner in this process settles the key)
+//! and hands every result to all of them through a `watch` channel. The entry of a key counts
+//! its subscribers explicitly, under the map's lock: the last one out removes the entry and
+//! stops the poller, so nothing is left behind however many waiters leave at once.
 
 use std::{
-    collections::HashMap,
+    collections::{hash_map, HashMap},
     sync::{Arc, Mutex, PoisonError},
 };
 
-use tokio::sync::Notify;
+use tokio::{
+    sync::{watch, Notify},
+    task::JoinHandle,
+};
 
-use crate::record::StoreKey;
+use crate::{
+    record::{Record, StoreKey},
+    store::StoreError,
+};
+
+/// One look at the store, as the waiters of a key see it.
+#[derive(Clone, Debug)]
+pub(crate) enum Seen {
+    /// The live record under the key.
+    Record(Record),
+    /// No live record: released, or its lease ran out.
+    Absent,
+    /// The lookup failed.
+    Failed(Arc<StoreError>),
+}
+
+/// What the waiters of one key share.
+pub(crate) struct KeyWatch {
+    seen: watch::Sender<Option<Seen>>,
+    /// Pokes the poller to look now (an owner in this process settled the key).
+    look_now: Notify,
+}
+
+impl KeyWatch {
+    pub(crate) fn publish(&self, seen: Seen) {
+        self.seen.send_replace(Some(seen));
+    }
+
+    /// Resolves when someone asks for a fresh look; a request made while nobody listened is
+    /// kept for the next call.
+    pub(crate) async fn look_requested(&self) {
+        self.look_now.notified().await
+    }
+}
+
+struct Entry {
+    subscribers: usize,
+    watch: Arc<KeyWatch>,
+    poller: JoinHandle<()>,
+}
 
 #[derive(Default)]
 pub(crate) struct Waiters {
-    by_key: Mutex<HashMap<StoreKey, Arc<Notify>>>,
+    by_key: Mutex<HashMap<StoreKey, Entry>>,
 }
 
 /// One waiter's interest in a key; dropping it forgets the key once nobody else waits on it.
 pub(crate) struct Subscription<'a> {
     waiters: &'a Waiters,
     key: StoreKey,
-    notify: Arc<Notify>,
+    seen: watch::Receiver<Option<Seen>>,
 }
 
 impl Waiters {
-    pub(crate) fn subscribe(&self, key: &StoreKey) -> Subscription<'_> {
-        let notify = self
-            .lock()
-            .entry(key.clone())
-            .or_insert_with(|| Arc::new(Notify::new()))
-            .clone();
-        Subscription {
+    /// Joins the waiters of `key`, starting its poller with `start` if this is the first, or
+    /// `None` when `max` waiters already wait on it.
+    pub(crate) fn subscribe(
+        &self,
+        key: &StoreKey,
+        max: usize,
+        start: impl FnOnce(Arc<KeyWatch>) -> JoinHandle<()>,
+    ) -> Option<Subscription<'_>> {
+        let mut map = self.lock();
+        let entry = match map.entry(key.clone()) {
+            hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            hash_map::Entry::Vacant(vacant) => {
+                let watch = Arc::new(KeyWatch {
+                    seen: watch::Sender::new(None),
+                    look_now: Notify::new(),
+                });
+                let poller = start(watch.clone());
+                vacant.insert(Entry {
+                    subscribers: 0,
+                    watch,
+                    poller,
+                })
+            }
+        };
+        if entry.subscribers >= max {
+            return None;
+        }
+        entry.subscribers += 1;
+        Some(Subscription {
             waiters: self,
             key: key.clone(),
-            notify,
-        }
+            seen: entry.watch.seen.subscribe(),
+        })
     }
 
-    /// Wakes every current waiter on `key` (called after the owner completed or released).
+    /// Asks the poller of `key`, if any, to look now (called after the owner completed or
+    /// released it).
     pub(crate) fn wake(&self, key: &StoreKey) {
-        // The entry stays: its subscribers keep waiting on the same `Notify` for the next
-        // wake (a released key is taken over by one of them, the rest wait again).
-        let notify = self.lock().get(key).cloned();
-        if let Some(notify) = notify {
-            notify.notify_waiters();
+        if let Some(entry) = self.lock().get(key) {
+            entry.watch.look_now.notify_one();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StoreKey, Arc<Notify>>> {
-        // The map holds no invariant a panicking holder could break half-way.
-        self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
+    /// How many keys have waiters right now.
+    pub(crate) fn keys(&self) -> usize {
+        self.lock().len()
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.lock().len()
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StoreKey, Entry>> {
+        // Every change under the lock is a single insert, increment, decrement or removal:
+        // a panicking holder cannot leave it half-done.
+        self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Subscription<'_> {
-    pub(crate) fn notify(&self) -> &Notify {
-        &self.notify
+    /// The next look at the store published after the last one this waiter saw, or `None` if
+    /// the poller stopped.
+    pub(crate) async fn next(&mut self) -> Option<Seen> {
+        self.seen.changed().await.ok()?;
+        self.seen.borrow_and_update().clone()
     }
 }
 
 impl Drop for Subscription<'_> {
     fn drop(&mut self) {
         let mut map = self.waiters.lock();
-        // Clones are only made under the lock, so the count is exact here: 2 means only the
-        // map and this subscription hold it.
-        if let Some(current) = map.get(&self.key) {
-            if Arc::ptr_eq(current, &self.notify) && Arc::strong_count(&self.notify) == 2 {
-                map.remove(&self.key);
+        if let hash_map::Entry::Occupied(mut entry) = map.entry(self.key.clone()) {
+            entry.get_mut().subscribers -= 1;
+            if entry.get().subscribers == 0 {
+                entry.remove().poller.abort();
             }
         }
     }
@@ -83,29 +151,42 @@ impl Drop for Subscription<'_> {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn wake_reaches_a_subscriber_that_enabled_before_the_wake() {
-        let waiters = Waiters::default();
-        let key = StoreKey::new("s", "k");
-        let sub = waiters.subscribe(&key);
-        let notified = sub.notify().notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        waiters.wake(&key);
-        tokio::time::timeout(std::time::Duration::from_secs(1), notified)
-            .await
-            .expect("the waiter was not woken");
+    fn idle() -> JoinHandle<()> {
+        tokio::spawn(std::future::pending())
     }
 
-    #[test]
-    fn the_map_forgets_keys_nobody_waits_on() {
+    #[tokio::test]
+    async fn every_subscriber_gets_what_the_poller_publishes() {
         let waiters = Waiters::default();
         let key = StoreKey::new("s", "k");
-        let a = waiters.subscribe(&key);
-        let b = waiters.subscribe(&key);
+        let mut shared = None;
+        let mut a = waiters
+            .subscribe(&key, 8, |watch| {
+                shared = Some(watch);
+                idle()
+            })
+            .unwrap();
+        let mut b = waiters
+            .subscribe(&key, 8, |_| panic!("one poller per key"))
+            .unwrap();
+        shared.unwrap().publish(Seen::Absent);
+        assert!(matches!(a.next().await, Some(Seen::Absent)));
+        assert!(matches!(b.next().await, Some(Seen::Absent)));
+    }
+
+    #[tokio::test]
+    async fn the_map_forgets_keys_nobody_waits_on_and_caps_waiters() {
+        let waiters = Waiters::default();
+        let key = StoreKey::new("s", "k");
+        let a = waiters.subscribe(&key, 2, |_| idle()).unwrap();
+        let b = waiters.subscribe(&key, 2, |_| idle()).unwrap();
+        assert!(
+            waiters.subscribe(&key, 2, |_| idle()).is_none(),
+            "over the cap"
+        );
         drop(a);
-        assert_eq!(waiters.len(), 1, "b still waits");
+        assert_eq!(waiters.keys(), 1, "b still waits");
         drop(b);
-        assert_eq!(waiters.len(), 0);
+        assert_eq!(waiters.keys(), 0);
     }
 }

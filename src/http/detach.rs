@@ -3,8 +3,11 @@
 use std::{
     future::Future,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
+
+use tokio::{sync::Semaphore, time::Instant};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
@@ -14,14 +17,27 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 ///
 /// Spawning every handler up front would give the same guarantee, but costs a task and a
 /// cross-thread wake-up per request; this only pays for a task when a client actually leaves.
+///
+/// Outer layers (timeouts, concurrency limits) stop bounding the work once it is detached, so
+/// it is bounded here: a detached piece of work holds one of the `slots` permits, and is
+/// dropped at `deadline`. Work that finds no free slot, or reaches its deadline, is dropped —
+/// which drops its claim, which releases the key.
 pub(crate) struct DetachOnDrop<T: Send + 'static> {
     work: Option<BoxFuture<T>>,
+    slots: Arc<Semaphore>,
+    deadline: Instant,
 }
 
 impl<T: Send + 'static> DetachOnDrop<T> {
-    pub(crate) fn new(work: impl Future<Output = T> + Send + 'static) -> Self {
+    pub(crate) fn new(
+        work: impl Future<Output = T> + Send + 'static,
+        slots: Arc<Semaphore>,
+        deadline: Instant,
+    ) -> Self {
         Self {
             work: Some(Box::pin(work)),
+            slots,
+            deadline,
         }
     }
 }
@@ -45,11 +61,19 @@ impl<T: Send + 'static> Drop for DetachOnDrop<T> {
         let Some(work) = self.work.take() else {
             return;
         };
+        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            tracing::warn!("caller went away and the detached-handler limit is reached; dropping the handler and releasing its key");
+            return;
+        };
+        let deadline = self.deadline;
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 tracing::debug!("caller went away; the handler finishes in the background");
                 runtime.spawn(async move {
-                    let _ = work.await;
+                    if tokio::time::timeout_at(deadline, work).await.is_err() {
+                        tracing::warn!("detached handler reached its maximum lifetime; dropped, its key released");
+                    }
+                    drop(slot);
                 });
             }
             // No runtime to finish it on: dropping it drops its claim, which releases the key
@@ -68,16 +92,24 @@ mod tests {
 
     use super::*;
 
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
+
     #[tokio::test]
     async fn work_left_by_a_dropped_caller_still_finishes() {
         let finished = Arc::new(AtomicBool::new(false));
-        let work = DetachOnDrop::new({
-            let finished = finished.clone();
-            async move {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                finished.store(true, Ordering::SeqCst);
-            }
-        });
+        let work = DetachOnDrop::new(
+            {
+                let finished = finished.clone();
+                async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    finished.store(true, Ordering::SeqCst);
+                }
+            },
+            Arc::new(Semaphore::new(1)),
+            far(),
+        );
         // The caller gives up after 10 ms.
         assert!(
             tokio::time::timeout(std::time::Duration::from_millis(10), work)
@@ -90,5 +122,46 @@ mod tests {
             finished.load(Ordering::SeqCst),
             "the detached rest never ran"
         );
+    }
+
+    /// Dropped work is observable through a guard it owns: the guard's drop is the claim's.
+    #[tokio::test]
+    async fn work_beyond_the_slots_or_the_deadline_is_dropped() {
+        struct Guard(Arc<AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let slots = Arc::new(Semaphore::new(1));
+        let endless = |dropped: &Arc<AtomicBool>| {
+            let guard = Guard(dropped.clone());
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            }
+        };
+        // Takes the only slot, and ends at its deadline.
+        let first = Arc::new(AtomicBool::new(false));
+        let soon = Instant::now() + std::time::Duration::from_millis(50);
+        drop(DetachOnDrop::new(endless(&first), slots.clone(), soon));
+        // No slot left: dropped at once.
+        let second = Arc::new(AtomicBool::new(false));
+        drop(DetachOnDrop::new(endless(&second), slots.clone(), far()));
+        assert!(
+            second.load(Ordering::SeqCst),
+            "work over the limit was detached"
+        );
+        assert!(!first.load(Ordering::SeqCst));
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while !first.load(Ordering::SeqCst) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("detached work outlived its deadline");
+        let _slot = tokio::time::timeout(std::time::Duration::from_secs(5), slots.acquire())
+            .await
+            .expect("the slot came back");
     }
 }

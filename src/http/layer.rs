@@ -2,15 +2,14 @@
 
 use std::{sync::Arc, time::Duration};
 
+use tokio::sync::Semaphore;
+
 use bytes::Bytes;
 use http::{request::Parts, HeaderName, Method, Response, StatusCode};
 use tower_layer::Layer;
 
 use super::{policy, rejection::Rejection, scope, service::IdempotencyService};
-use crate::{
-    engine::{Engine, InProgressPolicy},
-    store::Store,
-};
+use crate::{engine::Engine, store::Store};
 
 /// The header the key is read from by default.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -48,6 +47,7 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) key_required: bool,
     pub(crate) scope: scope::ScopeFn,
+    pub(crate) anonymous_scope: bool,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) max_request_body: usize,
     pub(crate) max_response_body: usize,
@@ -55,8 +55,13 @@ pub(crate) struct Config {
     pub(crate) replay_set_cookie: bool,
     pub(crate) mark_replayed: bool,
     pub(crate) detach: bool,
+    /// Shared by every clone of the layer: one permit per detached handler.
+    pub(crate) detached: Arc<Semaphore>,
+    pub(crate) max_handler_lifetime: Duration,
     pub(crate) rejection: RejectionFn,
 }
+
+const DEFAULT_MAX_DETACHED: usize = 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -66,6 +71,7 @@ impl Default for Config {
             methods: vec![Method::POST, Method::PATCH],
             key_required: false,
             scope: Arc::new(scope::by_authorization),
+            anonymous_scope: false,
             fingerprint_headers: Vec::new(),
             max_request_body: 1024 * 1024,
             max_response_body: 1024 * 1024,
@@ -73,6 +79,8 @@ impl Default for Config {
             replay_set_cookie: false,
             mark_replayed: false,
             detach: true,
+            detached: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
+            max_handler_lifetime: Duration::from_secs(60),
             rejection: Arc::new(Rejection::into_response),
         }
     }
@@ -81,7 +89,8 @@ impl Default for Config {
 impl IdempotencyLayer {
     /// A layer over `store` with the defaults: POST and PATCH, key optional, scoped by the
     /// `Authorization` header, 30 s lease, 24 h retention, duplicates of a running request
-    /// wait up to 10 s, 1 MiB request and response limits.
+    /// wait up to 10 s, 1 MiB request and response limits. Other timings: build an engine
+    /// with [`Engine::builder`] and use [`from_engine`](Self::from_engine).
     pub fn new(store: impl Store) -> Self {
         Self::from_engine(Engine::new(store))
     }
@@ -96,11 +105,6 @@ impl IdempotencyLayer {
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
         change(Arc::make_mut(&mut self.config));
-        self
-    }
-
-    fn with_engine(mut self, change: impl FnOnce(Engine) -> Engine) -> Self {
-        self.engine = change(self.engine);
         self
     }
 
@@ -129,6 +133,7 @@ impl IdempotencyLayer {
 
     /// Scopes keys by what `scope` returns for the request head (a tenant, an authenticated
     /// user id from an extension, ...), instead of a hash of the `Authorization` header.
+    /// Every request then has a scope: return a value that differs per caller.
     ///
     /// ```
     /// use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
@@ -140,7 +145,18 @@ impl IdempotencyLayer {
     where
         F: Fn(&Parts) -> String + Send + Sync + 'static,
     {
-        self.with(|c| c.scope = Arc::new(scope))
+        self.with(|c| c.scope = Arc::new(move |parts| Some(scope(parts))))
+    }
+
+    /// Lets keyed requests without an `Authorization` header share one anonymous scope
+    /// (default: they are refused with 400 `missing-identity`, see
+    /// [`Rejection::MissingIdentity`]). Only for services whose callers really have no
+    /// identity: any caller can then replay another caller's response by sending its key, and
+    /// learn whether a key was used (422). Services that identify callers by a cookie, an API
+    /// key header or a client certificate should use [`scope_with`](Self::scope_with)
+    /// instead.
+    pub fn shared_anonymous_scope(self) -> Self {
+        self.with(|c| c.anonymous_scope = true)
     }
 
     /// Also fingerprints header `name` (method, path, query and body always count).
@@ -190,6 +206,19 @@ impl IdempotencyLayer {
         self.with(|c| c.detach = detach)
     }
 
+    /// Bounds the handlers that run on after their client left, which outer layers
+    /// (`TimeoutLayer`, `ConcurrencyLimitLayer`) no longer bound: at most `max` of them at
+    /// once (default 1024), each ended `lifetime` after its request arrived (default 60 s).
+    /// A handler that finds no free slot when its client leaves, or outlives `lifetime`, is
+    /// dropped and its key released (a retry runs it again), so
+    /// [`Engine::drained`] finishes.
+    pub fn detach_limits(self, max: usize, lifetime: Duration) -> Self {
+        self.with(|c| {
+            c.detached = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
+            c.max_handler_lifetime = lifetime;
+        })
+    }
+
     /// Renders rejections your way instead of problem+json.
     ///
     /// ```
@@ -206,32 +235,6 @@ impl IdempotencyLayer {
         F: Fn(Rejection) -> Response<Bytes> + Send + Sync + 'static,
     {
         self.with(|c| c.rejection = Arc::new(render))
-    }
-
-    /// See [`Engine::lease`].
-    pub fn lease(self, lease: Duration) -> Self {
-        self.with_engine(|e| e.lease(lease))
-    }
-
-    /// See [`Engine::retention`].
-    pub fn retention(self, retention: Duration) -> Self {
-        self.with_engine(|e| e.retention(retention))
-    }
-
-    /// See [`Engine::in_progress`]: wait for the running original (default, up to 10 s) or
-    /// answer 409 + `Retry-After` at once.
-    pub fn in_progress(self, policy: InProgressPolicy) -> Self {
-        self.with_engine(|e| e.in_progress(policy))
-    }
-
-    /// See [`Engine::store_timeout`] (default 5 s).
-    pub fn store_timeout(self, limit: Duration) -> Self {
-        self.with_engine(|e| e.store_timeout(limit))
-    }
-
-    /// See [`Engine::retry_after`].
-    pub fn retry_after(self, delay: Duration) -> Self {
-        self.with_engine(|e| e.retry_after(delay))
     }
 
     /// The engine, e.g. to share it with a message consumer.

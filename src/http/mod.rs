@@ -11,6 +11,7 @@ mod rejection;
 mod replay;
 mod scope;
 mod service;
+mod tee;
 
 pub use body::ResponseBody;
 pub use key::{InvalidKey, MAX_KEY_LEN};

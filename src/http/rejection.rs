@@ -16,6 +16,7 @@ use crate::problem::Problem;
 /// |---|---|---|
 /// | [`MissingKey`](Self::MissingKey) | 400 | `urn:tower-idempotency:missing-key` |
 /// | [`InvalidKey`](Self::InvalidKey) | 400 | `urn:tower-idempotency:invalid-key` |
+/// | [`MissingIdentity`](Self::MissingIdentity) | 400 | `urn:tower-idempotency:missing-identity` |
 /// | [`BodyUnreadable`](Self::BodyUnreadable) | 400 | `urn:tower-idempotency:body-unreadable` |
 /// | [`BodyTooLarge`](Self::BodyTooLarge) | 413 | `urn:tower-idempotency:body-too-large` |
 /// | [`KeyReused`](Self::KeyReused) | 422 | `urn:tower-idempotency:key-reused` |
@@ -31,6 +32,10 @@ pub enum Rejection {
     MissingKey,
     /// The key header is malformed.
     InvalidKey(InvalidKey),
+    /// The request has a key but no caller identity to scope it by (no `Authorization`
+    /// header, with the default scope), and the layer does not allow a shared anonymous
+    /// scope. Nothing was run or looked up.
+    MissingIdentity,
     /// The request body could not be read (the client went away mid-upload, ...).
     BodyUnreadable,
     /// The request body is over the fingerprint limit; nothing was run.
@@ -59,6 +64,9 @@ pub enum Rejection {
     /// The inner service panicked; its claim was released, so a retry runs it again.
     HandlerPanicked,
     /// The inner service's response body failed while being read; its claim was released.
+    /// The layer itself no longer answers with it: responses stream through to their caller,
+    /// so a body that fails mid-stream reaches the caller as a broken body (and the key is
+    /// released). Kept for custom renderers that match on it.
     ResponseBodyFailed,
 }
 
@@ -87,6 +95,12 @@ impl Rejection {
                 "urn:tower-idempotency:missing-key",
                 "Idempotency key required",
                 "this endpoint requires an Idempotency-Key header; send a unique value (e.g. a UUID) per operation and reuse it when retrying".to_owned(),
+            ),
+            Rejection::MissingIdentity => (
+                S::BAD_REQUEST,
+                "urn:tower-idempotency:missing-identity",
+                "Caller identity required",
+                "this request carries an idempotency key but no caller identity (no Authorization header), so its key cannot be kept apart from other callers' keys; nothing was run — send the request with your credentials".to_owned(),
             ),
             Rejection::InvalidKey(why) => (S::BAD_REQUEST, "urn:tower-idempotency:invalid-key", "Invalid idempotency key", why.to_string()),
             Rejection::BodyUnreadable => (

@@ -5,7 +5,8 @@
 //!
 //! Layout (all integers big-endian): `TIR` + version byte `1`, kind byte, status `u16`,
 //! header count `u32`, then per header: name length `u16`, name, value length `u32`, value;
-//! the rest is the body.
+//! for the kind "response with trailers", the trailers follow in the same form; the rest is
+//! the body. Trailers are stored as sent (a gRPC `grpc-status` must be replayed as it was).
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -13,6 +14,7 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 const MAGIC: &[u8; 4] = b"TIR\x01";
 const KIND_RESPONSE: u8 = 0;
 const KIND_NOT_STORED: u8 = 1;
+const KIND_RESPONSE_WITH_TRAILERS: u8 = 2;
 
 /// A response as it is replayed to duplicates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +24,8 @@ pub(crate) enum StoredResponse {
         status: StatusCode,
         headers: HeaderMap,
         body: Bytes,
+        /// The trailers the original body ended with, if any (boxed: rare, and a map is large).
+        trailers: Option<Box<HeaderMap>>,
     },
     /// The original completed with `status`, but its body was over the storage limit.
     NotStored { status: StatusCode },
@@ -43,9 +47,21 @@ fn is_per_message(name: &HeaderName) -> bool {
 
 /// Encodes a response for storage, dropping hop-by-hop headers and `Date`, and `Set-Cookie`
 /// unless `keep_set_cookie`.
+#[cfg(test)]
 pub(crate) fn encode(
     status: StatusCode,
     headers: &HeaderMap,
+    body: &[u8],
+    keep_set_cookie: bool,
+) -> Bytes {
+    encode_with_trailers(status, headers, None, body, keep_set_cookie)
+}
+
+/// [`encode`], plus the trailers the body ended with (kept whole).
+pub(crate) fn encode_with_trailers(
+    status: StatusCode,
+    headers: &HeaderMap,
+    trailers: Option<&HeaderMap>,
     body: &[u8],
     keep_set_cookie: bool,
 ) -> Bytes {
@@ -54,18 +70,33 @@ pub(crate) fn encode(
         .filter(|(name, _)| !is_per_message(name))
         .filter(|(name, _)| keep_set_cookie || *name != header::SET_COOKIE)
         .collect();
-    let size = 11
-        + kept
+    let trailers: Vec<_> = trailers.map(|t| t.iter().collect()).unwrap_or_default();
+    let pairs_size = |pairs: &[(&HeaderName, &HeaderValue)]| {
+        4 + pairs
             .iter()
             .map(|(n, v)| 6 + n.as_str().len() + v.len())
             .sum::<usize>()
-        + body.len();
+    };
+    let size = 7 + pairs_size(&kept) + pairs_size(&trailers) + body.len();
     let mut out = BytesMut::with_capacity(size);
     out.put_slice(MAGIC);
-    out.put_u8(KIND_RESPONSE);
+    out.put_u8(if trailers.is_empty() {
+        KIND_RESPONSE
+    } else {
+        KIND_RESPONSE_WITH_TRAILERS
+    });
     out.put_u16(status.as_u16());
-    out.put_u32(kept.len() as u32);
-    for (name, value) in kept {
+    put_pairs(&mut out, &kept);
+    if !trailers.is_empty() {
+        put_pairs(&mut out, &trailers);
+    }
+    out.put_slice(body);
+    out.freeze()
+}
+
+fn put_pairs(out: &mut BytesMut, pairs: &[(&HeaderName, &HeaderValue)]) {
+    out.put_u32(pairs.len() as u32);
+    for (name, value) in pairs {
         // Header names are at most 64 KiB by the http crate's limits; values are bounded by
         // what a server accepts; both fit the length fields.
         out.put_u16(name.as_str().len() as u16);
@@ -73,8 +104,6 @@ pub(crate) fn encode(
         out.put_u32(value.len() as u32);
         out.put_slice(value.as_bytes());
     }
-    out.put_slice(body);
-    out.freeze()
 }
 
 /// Encodes the marker for a completed response whose body was too large to store.
@@ -94,27 +123,38 @@ pub(crate) fn decode(mut payload: Bytes) -> Result<StoredResponse, String> {
     payload.advance(4);
     let kind = payload.get_u8();
     let status = StatusCode::from_u16(payload.get_u16()).map_err(|e| e.to_string())?;
-    match kind {
+    let with_trailers = match kind {
         KIND_NOT_STORED => return Ok(StoredResponse::NotStored { status }),
-        KIND_RESPONSE => {}
+        KIND_RESPONSE => false,
+        KIND_RESPONSE_WITH_TRAILERS => true,
         other => return Err(format!("unknown record kind {other}")),
-    }
-    let count = take_u32(&mut payload)?;
-    let mut headers = HeaderMap::with_capacity(count.min(128) as usize);
-    for _ in 0..count {
-        let name_len = usize::from(take_u16(&mut payload)?);
-        let name = take(&mut payload, name_len)?;
-        let value_len = take_u32(&mut payload)? as usize;
-        let value = take(&mut payload, value_len)?;
-        let name = HeaderName::from_bytes(&name).map_err(|e| e.to_string())?;
-        let value = HeaderValue::from_maybe_shared(value).map_err(|e| e.to_string())?;
-        headers.append(name, value);
-    }
+    };
+    let headers = take_pairs(&mut payload)?;
+    let trailers = match with_trailers {
+        true => Some(Box::new(take_pairs(&mut payload)?)),
+        false => None,
+    };
     Ok(StoredResponse::Response {
         status,
         headers,
         body: payload,
+        trailers,
     })
+}
+
+fn take_pairs(payload: &mut Bytes) -> Result<HeaderMap, String> {
+    let count = take_u32(payload)?;
+    let mut headers = HeaderMap::with_capacity(count.min(128) as usize);
+    for _ in 0..count {
+        let name_len = usize::from(take_u16(payload)?);
+        let name = take(payload, name_len)?;
+        let value_len = take_u32(payload)? as usize;
+        let value = take(payload, value_len)?;
+        let name = HeaderName::from_bytes(&name).map_err(|e| e.to_string())?;
+        let value = HeaderValue::from_maybe_shared(value).map_err(|e| e.to_string())?;
+        headers.append(name, value);
+    }
+    Ok(headers)
 }
 
 fn take(payload: &mut Bytes, len: usize) -> Result<Bytes, String> {
@@ -159,6 +199,7 @@ mod tests {
             status,
             headers: got,
             body: got_body,
+            trailers: None,
         } = stored
         else {
             panic!()
@@ -172,6 +213,30 @@ mod tests {
         );
         assert_eq!(got[header::LINK], "</a>; rel=next, </b>; rel=prev");
         assert!(got.get(header::CONNECTION).is_none() && got.get(header::DATE).is_none());
+    }
+
+    #[test]
+    fn trailers_round_trip() {
+        let trailers = HeaderMap::from_iter([(
+            HeaderName::from_static("grpc-status"),
+            HeaderValue::from_static("0"),
+        )]);
+        let stored = encode_with_trailers(
+            StatusCode::OK,
+            &HeaderMap::new(),
+            Some(&trailers),
+            b"frames",
+            false,
+        );
+        let Ok(StoredResponse::Response {
+            body,
+            trailers: Some(got),
+            ..
+        }) = decode(stored)
+        else {
+            panic!("trailers were not kept")
+        };
+        assert_eq!((body.as_ref(), *got), (b"frames".as_slice(), trailers));
     }
 
     #[test]

@@ -7,21 +7,25 @@ use sha2::{Digest, Sha256};
 
 use crate::record::hex;
 
-/// Derives the scope (namespace) of a request's key from its head.
-pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> String + Send + Sync>;
+/// Derives the scope (namespace) of a request's key from its head; `None` when the request
+/// names no caller.
+pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// The scope shared by requests without identity, when the layer opts into it.
+pub(crate) const ANONYMOUS: &str = "";
 
 /// The default scope: a hash of the `Authorization` header, so the same key from two callers
-/// is two records, and credentials are never stored. Requests without the header share the
-/// anonymous scope `""`.
-pub(crate) fn by_authorization(parts: &Parts) -> String {
-    match parts.headers.get(header::AUTHORIZATION) {
-        None => String::new(),
-        Some(value) => {
-            // Runs on every protected request: hex by table, not one `format!` per byte.
-            let digest = Sha256::digest(value.as_bytes());
-            format!("auth:{}", hex(&digest[..16]))
-        }
+/// is two records, and credentials are never stored. `None` without the header: the layer
+/// then refuses the request rather than file it with every other anonymous caller's.
+pub(crate) fn by_authorization(parts: &Parts) -> Option<String> {
+    let value = parts.headers.get(header::AUTHORIZATION)?;
+    // An empty credential names nobody: every client sending one would share its scope.
+    if value.as_bytes().iter().all(u8::is_ascii_whitespace) {
+        return None;
     }
+    // Runs on every protected request: hex by table, not one `format!` per byte.
+    let digest = Sha256::digest(value.as_bytes());
+    Some(format!("auth:{}", hex(&digest[..16])))
 }
 
 #[cfg(test)]
@@ -38,11 +42,13 @@ mod tests {
 
     #[test]
     fn callers_get_distinct_scopes_without_the_raw_credential() {
-        let alice = by_authorization(&parts(Some("Bearer alice")));
-        let bob = by_authorization(&parts(Some("Bearer bob")));
+        let alice = by_authorization(&parts(Some("Bearer alice"))).unwrap();
+        let bob = by_authorization(&parts(Some("Bearer bob"))).unwrap();
         assert_ne!(alice, bob);
         assert!(!alice.contains("alice"));
-        assert_eq!(alice, by_authorization(&parts(Some("Bearer alice"))));
-        assert_eq!(by_authorization(&parts(None)), "");
+        assert_eq!(Some(alice), by_authorization(&parts(Some("Bearer alice"))));
+        assert_eq!(by_authorization(&parts(None)), None);
+        assert_eq!(by_authorization(&parts(Some(""))), None);
+        assert_eq!(by_authorization(&parts(Some("  "))), None);
     }
 }

@@ -17,7 +17,7 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::{
-    body::{self, collect_up_to, Collected, Prefixed, ResponseBody},
+    body::{self, ResponseBody},
     detach::DetachOnDrop,
     fingerprint::fingerprint,
     key::parse_key,
@@ -25,6 +25,8 @@ use super::{
     policy::DoNotStore,
     rejection::Rejection,
     replay::{self, StoredResponse},
+    scope,
+    tee::{Recorder, Tee},
 };
 use crate::{
     engine::{Begin, Claim, EngineError},
@@ -162,7 +164,7 @@ async fn protect<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Body + From<Bytes> + Send + 'static,
@@ -171,8 +173,14 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let config = &layer.config;
+    let arrived = tokio::time::Instant::now();
     let (parts, body) = request.into_parts();
-    let key = StoreKey::new((config.scope)(&parts), key);
+    let scope = match (config.scope)(&parts) {
+        Some(scope) => scope,
+        None if config.anonymous_scope => scope::ANONYMOUS.to_owned(),
+        None => return Ok(render(config, Rejection::MissingIdentity)),
+    };
+    let key = StoreKey::new(scope, key);
     let span = tracing::info_span!("idempotency", key = %key.lazy_log_id(), method = %parts.method);
     async {
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
@@ -182,26 +190,59 @@ where
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         let (engine, config) = (layer.engine.clone(), layer.config.clone());
         let detach = config.detach;
+        let (slots, deadline) = (
+            config.detached.clone(),
+            arrived + config.max_handler_lifetime,
+        );
         // From the claim on, the work is detachable: a client hanging up while the claim is
         // in flight must not leave a claim behind that nobody completes or releases.
         let claim_and_run = async move {
-            let claim = match engine.begin(key, fingerprint).await {
-                Ok(Begin::Run(claim)) => claim,
-                Ok(Begin::Replay(payload)) => return Ok(replay(&config, payload)),
+            let (claim, inner) = match engine.try_begin(&key, &fingerprint).await {
+                Ok(Some(Begin::Run(claim))) => (claim, inner),
+                Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, payload)),
+                Ok(None) => {
+                    // A duplicate may wait a long time: it must not hold what the inner
+                    // service reserved when it was made ready (a concurrency permit, a pool
+                    // slot). It keeps an unreadied clone, readied only if it takes over.
+                    let unreadied = inner.clone();
+                    drop(inner);
+                    match engine.wait_for(key, fingerprint).await {
+                        Ok(Begin::Run(claim)) => match ready(unreadied).await {
+                            Ok(inner) => (claim, inner),
+                            Err(error) => {
+                                let _ = claim.release().await;
+                                return Err(error);
+                            }
+                        },
+                        Ok(Begin::Replay(payload)) => return Ok(replay(&config, payload)),
+                        Err(error) => return Ok(render(&config, rejection_for(error))),
+                    }
+                }
                 Err(error) => return Ok(render(&config, rejection_for(error))),
             };
-            let request = Request::from_parts(parts, ReqBody::from(body));
+            let mut request = Request::from_parts(parts, ReqBody::from(body));
+            request.extensions_mut().insert(claim.status());
             execute(inner, claim, request, config).await
         };
         if detach {
-            // If the client hangs up, the rest finishes (and records) in its own task.
-            DetachOnDrop::new(claim_and_run.in_current_span()).await
+            // If the client hangs up, the rest finishes (and records) in its own task, within
+            // the detached-handler limits.
+            DetachOnDrop::new(claim_and_run.in_current_span(), slots, deadline).await
         } else {
             claim_and_run.await
         }
     }
     .instrument(span)
     .await
+}
+
+/// Drives `service` to readiness.
+async fn ready<S, R>(mut service: S) -> Result<S, S::Error>
+where
+    S: Service<R>,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+    Ok(service)
 }
 
 /// Reads the request body for the fingerprint, refusing bodies over `limit` before they are
@@ -242,8 +283,13 @@ fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
             status,
             headers,
             body,
+            trailers,
         }) => {
-            let mut response = Response::new(body::full(body));
+            let body = match trailers {
+                None => body::full(body),
+                Some(trailers) => body::with_trailers(body, *trailers),
+            };
+            let mut response = Response::new(body);
             *response.status_mut() = status;
             *response.headers_mut() = headers;
             if config.mark_replayed {
@@ -302,40 +348,9 @@ where
         return Ok(response.map(body::boxed));
     }
     let (parts, response_body) = response.into_parts();
-    // Streaming bodies are read under the claim too, so the lease is renewed meanwhile.
-    match claim
-        .run(collect_up_to(
-            Box::pin(response_body),
-            config.max_response_body,
-        ))
-        .await
-    {
-        Collected::Complete(bytes) => {
-            let payload = replay::encode(
-                parts.status,
-                &parts.headers,
-                &bytes,
-                config.replay_set_cookie,
-            );
-            // A failed write is retried and logged by the engine; the caller still gets the
-            // real response.
-            let _ = claim.complete(payload).await;
-            Ok(Response::from_parts(parts, body::full(bytes)))
-        }
-        Collected::TooLarge { read, rest } => {
-            tracing::warn!(status = %parts.status, limit = config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
-            let _ = claim
-                .complete(replay::encode_not_stored(parts.status))
-                .await;
-            Ok(Response::from_parts(
-                parts,
-                body::boxed(Prefixed::new(read, rest)),
-            ))
-        }
-        Collected::Failed(error) => {
-            tracing::error!(error = %error, "response body failed; releasing the key");
-            let _ = claim.release().await;
-            Ok(render(&config, Rejection::ResponseBodyFailed))
-        }
-    }
+    // Passed through as it comes, copied for replay alongside; the claim is settled when the
+    // body ends (see `tee`).
+    let recorder = Recorder::new(claim, parts.status, parts.headers.clone(), config);
+    let body = body::boxed(Tee::new(body::boxed(response_body), recorder));
+    Ok(Response::from_parts(parts, body))
 }

@@ -1,6 +1,7 @@
 //! A small axum app behind the real layer, with handlers that count how often they ran.
 #![allow(dead_code)]
 
+pub mod faulty;
 pub mod proxy;
 
 use std::{
@@ -22,7 +23,9 @@ use axum::{
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
-use tower_idempotency::{DoNotStore, IdempotencyLayer};
+use tower_idempotency::{
+    engine::EngineBuilder, store::Store, DoNotStore, Engine, IdempotencyLayer,
+};
 
 /// How many times each handler really ran.
 #[derive(Clone, Default)]
@@ -140,6 +143,18 @@ async fn big(State(runs): State<Runs>, Path(bytes): Path<usize>) -> Response {
     let run = runs.bump();
     let body: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8 ^ run as u8).collect();
     (StatusCode::OK, body).into_response()
+}
+
+/// A layer over an engine whose timings `configure` sets (checked: the test fails on timings
+/// the builder refuses).
+pub fn layer_with<S: Store>(
+    store: S,
+    configure: impl FnOnce(EngineBuilder) -> EngineBuilder,
+) -> IdempotencyLayer {
+    let engine = configure(Engine::builder(store))
+        .build()
+        .unwrap_or_else(|e| panic!("test timings refused: {e}"));
+    IdempotencyLayer::from_engine(engine)
 }
 
 /// A POST to `uri` with `key` (if any), an `Authorization` of `caller` and `body`.

@@ -1,0 +1,232 @@
+//! The first caller's response body, passed through frame by frame while a copy is kept for
+//! replay.
+//!
+//! Nothing is buffered before the first byte: a streaming response (server-sent events, a
+//! large download) reaches its caller as the handler produces it, and trailers (gRPC's
+//! `grpc-status`) are passed on. Alongside, the data is copied up to the storage limit. The
+//! claim stays held (and renewed) while the body streams, and is settled when it ends:
+//!
+//! - end of body: the copy and the trailers are recorded before the caller sees the end, so
+//!   a retry sent after the response always finds it; over the limit, the "not stored" marker
+//!   is recorded instead (duplicates get 409 `response-not-stored`, as for any large body);
+//! - a body error: the key is released (the response was never whole), and the caller sees
+//!   the broken body;
+//! - dropped before its end (the client left): the rest is read in the background, bounded by
+//!   the layer's maximum handler lifetime, and recorded as above — the handler already did
+//!   its work, so a retry must not run it again. With `detach(false)` the key is released
+//!   instead, as for any request dropped before its end.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use super::{body::ResponseBody, layer::Config, replay};
+use crate::{engine::Claim, BoxError};
+
+type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// What is kept of the response for replay, and the claim to settle with it.
+pub(crate) struct Recorder {
+    claim: Claim,
+    status: StatusCode,
+    headers: HeaderMap,
+    config: Arc<Config>,
+    copy: BytesMut,
+    over_limit: bool,
+}
+
+impl Recorder {
+    pub(crate) fn new(
+        claim: Claim,
+        status: StatusCode,
+        headers: HeaderMap,
+        config: Arc<Config>,
+    ) -> Self {
+        Self {
+            claim,
+            status,
+            headers,
+            config,
+            copy: BytesMut::new(),
+            over_limit: false,
+        }
+    }
+
+    fn keep(&mut self, data: &Bytes) {
+        if self.over_limit {
+            return;
+        }
+        if self.copy.len() + data.len() > self.config.max_response_body {
+            tracing::warn!(status = %self.status, limit = self.config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
+            self.over_limit = true;
+            self.copy = BytesMut::new();
+        } else {
+            self.copy.extend_from_slice(data);
+        }
+    }
+
+    /// Records the outcome (the body ended, with `trailers` if any).
+    fn finish(self, trailers: Option<&HeaderMap>) -> BoxFuture {
+        let payload = if self.over_limit {
+            replay::encode_not_stored(self.status)
+        } else {
+            replay::encode_with_trailers(
+                self.status,
+                &self.headers,
+                trailers,
+                &self.copy,
+                self.config.replay_set_cookie,
+            )
+        };
+        // A failed write is retried and logged by the engine; the caller still gets the real
+        // response.
+        Box::pin(async move {
+            let _ = self.claim.complete(payload).await;
+        })
+    }
+
+    fn release(self, error: &BoxError) -> BoxFuture {
+        tracing::error!(error = %error, "response body failed; releasing the key");
+        Box::pin(async move {
+            let _ = self.claim.release().await;
+        })
+    }
+}
+
+/// The tee itself: see the module docs.
+pub(crate) struct Tee {
+    inner: ResponseBody,
+    recorder: Option<Recorder>,
+    /// The outcome being recorded, and the frame (trailers) to hand on once it is; `None`
+    /// frame: the end of the body.
+    settling: Option<(BoxFuture, Option<Frame<Bytes>>)>,
+    done: bool,
+}
+
+impl Tee {
+    pub(crate) fn new(inner: ResponseBody, recorder: Recorder) -> Self {
+        Self {
+            inner,
+            recorder: Some(recorder),
+            settling: None,
+            done: false,
+        }
+    }
+}
+
+impl Body for Tee {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some((settle, _)) = &mut this.settling {
+                std::task::ready!(settle.as_mut().poll(cx));
+                let (_, frame) = this.settling.take().expect("checked above");
+                this.done = true;
+                return Poll::Ready(frame.map(Ok));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        if let Some(recorder) = &mut this.recorder {
+                            recorder.keep(data);
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    let Some(recorder) = this.recorder.take() else {
+                        return Poll::Ready(Some(Ok(frame)));
+                    };
+                    // Trailers end the body: record, then hand them on.
+                    let settle = recorder.finish(frame.trailers_ref());
+                    this.settling = Some((settle, Some(frame)));
+                }
+                Some(Err(error)) => {
+                    this.done = true;
+                    if let Some(recorder) = this.recorder.take() {
+                        // The caller learns of the error now; the release needs no waiting.
+                        spawn_or_drop(recorder.release(&error));
+                    }
+                    return Poll::Ready(Some(Err(error)));
+                }
+                None => match this.recorder.take() {
+                    Some(recorder) => this.settling = Some((recorder.finish(None), None)),
+                    None => this.done = true,
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.settling.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Tee {
+    fn drop(&mut self) {
+        if let Some((settle, _)) = self.settling.take() {
+            spawn_or_drop(settle);
+            return;
+        }
+        let Some(recorder) = self.recorder.take() else {
+            return;
+        };
+        if !recorder.config.detach {
+            // `detach(false)`: a caller that leaves gives the key up.
+            spawn_or_drop(Box::pin(async move {
+                let _ = recorder.claim.release().await;
+            }));
+            return;
+        }
+        // The client left mid-body: read the rest so the outcome is recorded, within the
+        // handler lifetime; past it the claim is dropped, which releases the key.
+        let lifetime = recorder.config.max_handler_lifetime;
+        let inner = std::mem::replace(&mut self.inner, super::body::full(Bytes::new()));
+        let rest = drain(inner, recorder);
+        spawn_or_drop(Box::pin(async move {
+            if tokio::time::timeout(lifetime, rest).await.is_err() {
+                tracing::warn!("the rest of a response body outlived the handler lifetime; its key is released");
+            }
+        }));
+    }
+}
+
+async fn drain(mut body: ResponseBody, mut recorder: Recorder) {
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => recorder.keep(&data),
+                Err(frame) => return recorder.finish(frame.trailers_ref()).await,
+            },
+            Err(error) => return recorder.release(&error).await,
+        }
+    }
+    recorder.finish(None).await
+}
+
+/// Runs `work` in the background; without a runtime it is dropped, and a claim in it ends
+/// with its lease.
+fn spawn_or_drop(work: BoxFuture) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(work);
+    }
+}
