@@ -4,6 +4,7 @@ use std::sync::atomic::Ordering;
 
 use axum::{
     extract::{Path, State},
+    http::Extensions,
     http::{header, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
     Json,
@@ -22,7 +23,7 @@ struct NewPayment {
 }
 
 /// `POST /payments`: validate, then record exactly one charge.
-pub async fn create(State(app): State<App>, body: Bytes) -> Response {
+pub async fn create(State(app): State<App>, extensions: Extensions, body: Bytes) -> Response {
     let new = match parse(&body) {
         Ok(new) => new,
         Err(detail) => return problem::invalid_body(detail),
@@ -34,7 +35,17 @@ pub async fn create(State(app): State<App>, body: Bytes) -> Response {
     if !app.config.handler_delay.is_zero() {
         tokio::time::sleep(app.config.handler_delay).await;
     }
-    match app.payments.create(new.amount, &new.currency).await {
+    let created = app
+        .payments
+        .create(new.amount, &new.currency, &extensions)
+        .await;
+    // The crash window between the charge and its record: in the transactional mode the
+    // charge is written but not committed yet; in the separate mode it is committed and the
+    // key not yet completed.
+    if !app.config.delay_after_charge.is_zero() {
+        tokio::time::sleep(app.config.delay_after_charge).await;
+    }
+    match created {
         Ok(payment) => {
             let location = format!("/payments/{}", payment.id);
             let mut response = with_etag(StatusCode::CREATED, &payment);

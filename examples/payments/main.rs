@@ -24,7 +24,7 @@ use axum::{
     routing::{get, post},
     Router,
 };
-use tower_idempotency::{store::spawn_purger, IdempotencyLayer};
+use tower_idempotency::store::spawn_purger;
 
 use crate::config::Config;
 
@@ -64,10 +64,7 @@ async fn run() -> Result<(), backends::Error> {
     // a minute in short batches. Each process runs its own purger.
     let purger = spawn_purger(backends.idempotency.clone(), Duration::from_secs(60), 1_000);
 
-    let idempotency = IdempotencyLayer::new(backends.idempotency)
-        .lease(config.lease)
-        .retention(config.retention)
-        .enabled(!config.idempotency_disabled);
+    let idempotency = backends.layer.enabled(!config.idempotency_disabled);
 
     // Kept to wait for detached handlers at shutdown.
     let engine = idempotency.engine().clone();

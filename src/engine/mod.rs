@@ -32,8 +32,8 @@
 mod claim;
 mod config;
 mod error;
-mod in_flight;
-mod waiters;
+pub(crate) mod in_flight;
+pub(crate) mod waiters;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -55,9 +55,9 @@ use crate::{
 #[derive(Clone)]
 pub struct Engine {
     store: Arc<dyn Store>,
-    config: Arc<EngineConfig>,
-    waiters: Arc<waiters::Waiters>,
-    in_flight: Arc<in_flight::InFlight>,
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) waiters: Arc<waiters::Waiters>,
+    pub(crate) in_flight: Arc<in_flight::InFlight>,
 }
 
 /// What [`Engine::begin`] decided.
@@ -148,6 +148,11 @@ impl Engine {
         tokio::time::timeout(after, call)
             .await
             .unwrap_or(Err(StoreError::Timeout { after }))
+    }
+
+    /// The delay suggested to callers told to come back later.
+    pub(crate) fn retry_after_delay(&self) -> Duration {
+        self.config.retry_after
     }
 
     /// How many claims this engine (and its clones) holds right now: operations running, or
@@ -309,13 +314,13 @@ impl Engine {
         }
     }
 
-    fn still_running(&self) -> EngineError {
+    pub(crate) fn still_running(&self) -> EngineError {
         EngineError::InProgress {
             retry_after: self.config.retry_after,
         }
     }
 
-    fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
+    pub(crate) fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
         tracing::warn!(key = %key.log_id(), error = %source, "idempotency store unavailable");
         EngineError::Store {
             retry_after: self.config.retry_after,

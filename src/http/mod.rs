@@ -11,6 +11,8 @@ mod rejection;
 mod replay;
 mod scope;
 mod service;
+#[cfg(feature = "sqlx")]
+mod transactional;
 
 pub use body::ResponseBody;
 pub use key::{InvalidKey, MAX_KEY_LEN};

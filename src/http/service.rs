@@ -16,6 +16,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 use tracing::Instrument;
 
+#[cfg(feature = "sqlx")]
+use super::transactional::{self, HttpBegin};
 use super::{
     body::{self, collect_up_to, Collected, Prefixed, ResponseBody},
     detach::DetachOnDrop,
@@ -137,21 +139,38 @@ where
             // Without a key there is nothing to deduplicate on: run unprotected rather than
             // under some shared key.
             Ok(None) if !config.key_required => {
-                return ResponseFuture::passthrough(self.inner.call(request))
+                #[cfg(feature = "sqlx")]
+                if let Some(mode) = self.layer.transactional.clone() {
+                    let inner = take_ready(&mut self.inner);
+                    let (config, retry_after) =
+                        (config.clone(), self.layer.engine.retry_after_delay());
+                    return ResponseFuture::protected(Box::pin(unkeyed(
+                        inner,
+                        mode,
+                        request,
+                        config,
+                        retry_after,
+                    )));
+                }
+                return ResponseFuture::passthrough(self.inner.call(request));
             }
             Ok(None) => return ResponseFuture::rejected(config, Rejection::MissingKey),
             Err(invalid) => {
                 return ResponseFuture::rejected(config, Rejection::InvalidKey(invalid))
             }
         };
-        // Take the service that was driven to readiness; leave a fresh clone in its place.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         ResponseFuture::protected(Box::pin(protect(inner, self.layer.clone(), key, request)))
     }
 }
 
-fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
+/// Takes the service that was driven to readiness, leaving a fresh clone in its place.
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
+pub(super) fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
     (config.rejection)(rejection).map(body::full)
 }
 
@@ -182,6 +201,20 @@ where
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         let (engine, config) = (layer.engine.clone(), layer.config.clone());
         let detach = config.detach;
+        #[cfg(feature = "sqlx")]
+        if let Some(mode) = layer.transactional.clone() {
+            let retry_after = engine.retry_after_delay();
+            let claim_and_run = async move {
+                let owner = match mode.begin(key, fingerprint).await {
+                    Ok(HttpBegin::Run(owner)) => owner,
+                    Ok(HttpBegin::Replay(payload)) => return Ok(replay(&config, payload)),
+                    Err(error) => return Ok(render(&config, rejection_for(error))),
+                };
+                let request = Request::from_parts(parts, ReqBody::from(body));
+                transactional::execute(inner, owner, request, config, retry_after).await
+            };
+            return run_detachable(claim_and_run, detach).await;
+        }
         // From the claim on, the work is detachable: a client hanging up while the claim is
         // in flight must not leave a claim behind that nobody completes or releases.
         let claim_and_run = async move {
@@ -193,15 +226,54 @@ where
             let request = Request::from_parts(parts, ReqBody::from(body));
             execute(inner, claim, request, config).await
         };
-        if detach {
-            // If the client hangs up, the rest finishes (and records) in its own task.
-            DetachOnDrop::new(claim_and_run.in_current_span()).await
-        } else {
-            claim_and_run.await
-        }
+        run_detachable(claim_and_run, detach).await
     }
     .instrument(span)
     .await
+}
+
+/// Drives the owner's work; with `detach`, a client hanging up moves the rest of it to a task
+/// of its own, where it finishes and records its outcome.
+async fn run_detachable<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+    detach: bool,
+) -> T {
+    if detach {
+        DetachOnDrop::new(work.in_current_span()).await
+    } else {
+        work.await
+    }
+}
+
+/// Transactional mode, a request without a key: no claim, but the handler still gets a
+/// transaction, committed with its answer or rolled back by the same rule.
+#[cfg(feature = "sqlx")]
+async fn unkeyed<S, ReqBody, ResBody>(
+    inner: S,
+    mode: transactional::SharedTxMode,
+    request: Request<ReqBody>,
+    config: std::sync::Arc<Config>,
+    retry_after: std::time::Duration,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let detach = config.detach;
+    let work = async move {
+        match mode.begin_unkeyed().await {
+            Ok(owner) => transactional::execute(inner, owner, request, config, retry_after).await,
+            Err(error) => {
+                tracing::warn!(error = %error, "could not open a transaction");
+                Ok(render(&config, Rejection::StoreUnavailable { retry_after }))
+            }
+        }
+    };
+    run_detachable(work, detach).await
 }
 
 /// Reads the request body for the fingerprint, refusing bodies over `limit` before they are

@@ -1,0 +1,291 @@
+//! The transactional mode: the claim, the operation's own database writes and its stored
+//! outcome commit in ONE transaction.
+//!
+//! In the separate mode ([`Engine`]) the claim, the operation and the completion are three
+//! commits, so a process that dies after the operation committed and before the completion
+//! leaves an effect without a record, and when the lease ends a retry runs it again. Here the
+//! database referees the outcome as well as the race:
+//!
+//! 1. a duplicate that finds a committed record replays it (one read, no transaction);
+//! 2. otherwise the owner opens a transaction and claims the key inside it; a claim that
+//!    another transaction holds right now is reported at once as busy, never waited for on a
+//!    pooled connection;
+//! 3. the operation runs on that transaction;
+//! 4. its outcome is written into the claim row in the same transaction, which then commits.
+//!
+//! | the owner dies or fails ... | what persists | the retry |
+//! |---|---|---|
+//! | before its transaction commits (crash, kill -9, lost connection, panic, error) | nothing: the server rolls back | runs once |
+//! | after the commit | the effect and its stored outcome, together | replays |
+//!
+//! No lease is needed to recover from a crash: the database aborts a dead owner's transaction
+//! when its connection goes. An owner that hangs without dying is ended by the database where
+//! it can enforce an idle limit (PostgreSQL's `idle_in_transaction_session_timeout`, set to
+//! the engine's lease); elsewhere duplicates wait until their own limit and get "in progress".
+//! A stale owner can never commit effects after someone else took its key over: nobody can
+//! take the key over while its transaction is open.
+//!
+//! What the mode cannot cover: effects outside the database (a call to a card processor, an
+//! e-mail) run at most once per committed attempt, like any code before a commit; use the
+//! separate mode or an outbox for those.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use bytes::Bytes;
+//! use tower_idempotency::{
+//!     store::PostgresStore, transactional::Transactional, Fingerprint, StoreKey,
+//! };
+//!
+//! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+//! let store = PostgresStore::new(pool);
+//! store.migrate().await?;
+//! let inbox = Transactional::new(store);
+//!
+//! let key = StoreKey::new("orders-queue", "message-81");
+//! let execution = inbox
+//!     .run_once(key, Fingerprint::of([b"message-81".as_slice()]), |tx| {
+//!         Box::pin(async move {
+//!             sqlx::query("UPDATE orders SET status = 'paid' WHERE id = 81")
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!             Ok::<_, sqlx::Error>(Bytes::from_static(b"paid"))
+//!         })
+//!     })
+//!     .await?;
+//! # let _ = execution; Ok(()) }
+//! ```
+
+#[cfg(feature = "axum")]
+mod axum;
+mod dialect;
+mod local;
+#[cfg(feature = "mysql")]
+mod mysql;
+mod owner;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod run;
+mod slot;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+#[cfg(feature = "axum")]
+pub use self::axum::{NoTransaction, Tx};
+pub use dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
+pub use owner::{CommitError, TxOwner};
+pub use run::TxRunError;
+pub use slot::{StillBorrowed, TxGuard, TxSlot};
+
+use crate::{
+    engine::{Engine, EngineError, InProgressPolicy},
+    record::{Fingerprint, Record, StoreKey},
+    store::StoreError,
+};
+
+/// Runs operations at most once per key with their effects and their recorded outcome in
+/// one database transaction. Clones share everything.
+pub struct Transactional<S: TransactionalStore> {
+    store: S,
+    dialect: Arc<dyn TxDialect<S::Database>>,
+    engine: Engine,
+    local: Arc<local::LocalOwners>,
+}
+
+impl<S: TransactionalStore> Clone for Transactional<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            dialect: self.dialect.clone(),
+            engine: self.engine.clone(),
+            local: self.local.clone(),
+        }
+    }
+}
+
+/// What [`Transactional::begin`] decided.
+#[derive(Debug)]
+// Returned once per request and moved once: boxing the owner would cost an allocation for
+// every claim to save a few bytes on the replay path.
+#[allow(clippy::large_enum_variant)]
+pub enum TxBegin<DB: sqlx::Database> {
+    /// This caller's transaction holds the key: run the operation on it, then
+    /// [`commit`](TxOwner::commit) or [`rollback`](TxOwner::rollback).
+    Run(TxOwner<DB>),
+    /// The operation already ran and committed under this key; here is its stored outcome.
+    Replay(Bytes),
+}
+
+/// What a single attempt to own a key found.
+#[allow(clippy::large_enum_variant)] // as for `TxBegin`
+enum Attempt<DB: sqlx::Database> {
+    Decided(TxBegin<DB>),
+    Busy,
+}
+
+impl<S: TransactionalStore> Transactional<S> {
+    /// The transactional mode on `store` with the engine's default timings.
+    pub fn new(store: S) -> Self {
+        let engine = Engine::new(store.clone());
+        Self::with_engine(store, engine)
+    }
+
+    /// The transactional mode on `store`, with the timings and the wait policy of `engine`
+    /// (lease, retention, in-progress policy, store time limit). `engine` should run on the
+    /// same store: its lookups and purges serve the same table.
+    pub fn with_engine(store: S, engine: Engine) -> Self {
+        Self {
+            dialect: store.dialect(),
+            store,
+            engine,
+            local: Arc::default(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The engine whose timings and waiters this mode uses.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Claims `key` inside a new transaction, or finds its committed outcome. Duplicates of a
+    /// running owner wait (without a database connection) as the engine's in-progress policy
+    /// says, then replay.
+    pub async fn begin(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+    ) -> Result<TxBegin<S::Database>, EngineError> {
+        let config = &self.engine.config;
+        let deadline = match config.in_progress {
+            InProgressPolicy::Wait { timeout } => Some(Instant::now() + timeout),
+            InProgressPolicy::Reject => None,
+        };
+        if !self.local.contains(&key) {
+            if let Attempt::Decided(begin) = self.attempt(&key, &fingerprint).await? {
+                return Ok(begin);
+            }
+        }
+        let Some(deadline) = deadline else {
+            tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
+            return Err(self.engine.still_running());
+        };
+        let span = tracing::debug_span!("idempotency.wait", key = %key.log_id());
+        let _entered = span.enter();
+        let subscription = self.engine.waiters.subscribe(&key);
+        let (mut pause, max_pause) = config.poll;
+        loop {
+            // Subscribed before looking: an owner of this process finishing after the look
+            // still wakes us.
+            let woken = subscription.notify().notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let owned_here = self.local.contains(&key);
+            if !owned_here {
+                if let Attempt::Decided(begin) = self.attempt(&key, &fingerprint).await? {
+                    return Ok(begin);
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::debug!("gave up waiting for the original request");
+                return Err(self.engine.still_running());
+            }
+            // An owner in this process wakes us when it ends; one elsewhere is polled for.
+            let nap = if owned_here {
+                deadline - now
+            } else {
+                pause.min(deadline - now)
+            };
+            tokio::select! {
+                () = &mut woken => {}
+                () = tokio::time::sleep(nap) => pause = (pause * 2).min(max_pause),
+            }
+        }
+    }
+
+    /// One look at the key and, if it is free, one claim.
+    async fn attempt(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Attempt<S::Database>, EngineError> {
+        let engine = &self.engine;
+        let unavailable = |source| engine.unavailable(key, source);
+        match engine
+            .bounded(self.dialect.probe(key))
+            .await
+            .map_err(unavailable)?
+        {
+            Probe::Live(record) => return self.existing(key, fingerprint, record),
+            Probe::Busy => return Ok(Attempt::Busy),
+            Probe::Absent => {}
+        }
+        let lease = engine.config.lease;
+        let mut tx = engine
+            .bounded(self.dialect.begin(lease))
+            .await
+            .map_err(unavailable)?;
+        let claimed = engine
+            .bounded(self.dialect.claim_in(&mut tx, key, fingerprint, lease))
+            .await
+            .map_err(unavailable)?;
+        let token = match claimed {
+            TxClaim::Claimed(token) => token,
+            // Nothing was written: dropping the transaction rolls it back in the background.
+            TxClaim::Existing(record) => return self.existing(key, fingerprint, record),
+            TxClaim::Busy => return Ok(Attempt::Busy),
+        };
+        tracing::debug!(key = %key.log_id(), "claimed in a transaction");
+        let owner = TxOwner::claimed(self, tx, key.clone(), token);
+        Ok(Attempt::Decided(TxBegin::Run(owner)))
+    }
+
+    fn existing(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        record: Record,
+    ) -> Result<Attempt<S::Database>, EngineError> {
+        if record.fingerprint() != fingerprint {
+            tracing::debug!(key = %key.log_id(), "key reused with a different request");
+            return Err(EngineError::FingerprintMismatch);
+        }
+        Ok(match record {
+            Record::Completed { payload, .. } => {
+                tracing::debug!(key = %key.log_id(), "replaying stored outcome");
+                Attempt::Decided(TxBegin::Replay(payload))
+            }
+            // A claim of the separate mode on the same table: wait for it like for a busy key.
+            Record::InProgress { .. } => Attempt::Busy,
+        })
+    }
+
+    /// A transaction for work that has no key to protect (a request without an idempotency
+    /// key on a route where the key is optional): the operation still gets a transaction,
+    /// committed or rolled back by the same rules, but nothing is claimed or recorded.
+    pub async fn begin_unkeyed(&self) -> Result<TxOwner<S::Database>, StoreError> {
+        let tx = self
+            .engine
+            .bounded(self.dialect.begin(self.engine.config.lease))
+            .await?;
+        Ok(TxOwner::unkeyed(self, tx))
+    }
+}
+
+impl<S: TransactionalStore> std::fmt::Debug for Transactional<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transactional")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}
