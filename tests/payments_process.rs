@@ -321,10 +321,16 @@ async fn two_processes_are_one_service(shared: Shared) {
 
 /// Process A claims a key and dies (SIGKILL) in the middle of its handler, before charging.
 /// The same request to process B waits for A's lease to run out, takes the key over and
-/// charges exactly once.
+/// charges exactly once. (The separate mode: in the transactional one no lease is involved,
+/// see tests/payments_crash.rs.)
 async fn a_killed_owner_is_taken_over_after_its_lease(shared: Shared) {
     let env = shared.env();
-    let lease = |launch: Launch| launch.envs(&env).env("IDEMPOTENCY_LEASE_MS", 1_000);
+    let lease = |launch: Launch| {
+        launch
+            .envs(&env)
+            .env("IDEMPOTENCY_MODE", "separate")
+            .env("IDEMPOTENCY_LEASE_MS", 1_000)
+    };
     let (a, b) = tokio::join!(
         lease(Launch::new())
             .env("PAYMENTS_HANDLER_DELAY_MS", 60_000)

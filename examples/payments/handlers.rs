@@ -33,6 +33,7 @@ pub async fn create(State(app): State<App>, extensions: Extensions, body: Bytes)
         return problem::processor_unavailable();
     }
     if !app.config.handler_delay.is_zero() {
+        tracing::info!(delay = ?app.config.handler_delay, "charging after PAYMENTS_HANDLER_DELAY_MS");
         tokio::time::sleep(app.config.handler_delay).await;
     }
     let created = app
@@ -43,6 +44,10 @@ pub async fn create(State(app): State<App>, extensions: Extensions, body: Bytes)
     // charge is written but not committed yet; in the separate mode it is committed and the
     // key not yet completed.
     if !app.config.delay_after_charge.is_zero() {
+        tracing::info!(
+            delay = ?app.config.delay_after_charge,
+            "charge written; answering after PAYMENTS_DELAY_AFTER_CHARGE_MS"
+        );
         tokio::time::sleep(app.config.delay_after_charge).await;
     }
     match created {
@@ -101,6 +106,7 @@ pub async fn update(
     State(app): State<App>,
     Path(id): Path<String>,
     RequireIfMatch(preconditions): RequireIfMatch,
+    extensions: Extensions,
     body: Bytes,
 ) -> Response {
     let change: StatusChange = match serde_json::from_slice(&body) {
@@ -119,7 +125,7 @@ pub async fn update(
     }
     let outcome = match app
         .payments
-        .set_status(&id, preconditions.expected(), &change.status)
+        .set_status(&id, preconditions.expected(), &change.status, &extensions)
         .await
     {
         Ok(outcome) => outcome,

@@ -38,6 +38,7 @@ pub trait Payments: Send + Sync {
         id: &str,
         expected: Expected,
         status: &str,
+        extensions: &http::Extensions,
     ) -> Result<VersionedUpdate<Payment>, Error>;
     /// How many charges were recorded.
     async fn charges(&self) -> Result<u64, Error>;
@@ -86,6 +87,7 @@ impl Payments for MemoryPayments {
         id: &str,
         expected: Expected,
         status: &str,
+        _extensions: &http::Extensions,
     ) -> Result<VersionedUpdate<Payment>, Error> {
         Ok(self
             .rows

@@ -113,18 +113,23 @@ macro_rules! with_lent {
 
 impl Lent {
     /// The lent transaction in `extensions`, if the layer runs in the transactional mode.
-    async fn find(payments: &SqlPayments, extensions: &http::Extensions) -> Option<Self> {
-        match payments {
-            SqlPayments::Postgres(_) => Some(Self::Postgres(
-                extensions.get::<TxSlot<Postgres>>()?.lock().await?,
-            )),
-            SqlPayments::MySql(_) => Some(Self::MySql(
-                extensions.get::<TxSlot<MySql>>()?.lock().await?,
-            )),
-            SqlPayments::Sqlite(_) => Some(Self::Sqlite(
-                extensions.get::<TxSlot<Sqlite>>()?.lock().await?,
-            )),
+    async fn find(
+        payments: &SqlPayments,
+        extensions: &http::Extensions,
+    ) -> Result<Option<Self>, Error> {
+        async fn lock<DB: sqlx::Database>(
+            extensions: &http::Extensions,
+        ) -> Result<Option<TxGuard<DB>>, Error> {
+            match extensions.get::<TxSlot<DB>>() {
+                Some(slot) => Ok(Some(slot.lock().await?)),
+                None => Ok(None),
+            }
         }
+        Ok(match payments {
+            SqlPayments::Postgres(_) => lock(extensions).await?.map(Self::Postgres),
+            SqlPayments::MySql(_) => lock(extensions).await?.map(Self::MySql),
+            SqlPayments::Sqlite(_) => lock(extensions).await?.map(Self::Sqlite),
+        })
     }
 }
 
@@ -212,7 +217,7 @@ impl Payments for SqlPayments {
         }
         // Transactional mode: the layer's transaction, which commits the charge together with
         // the stored response (or not at all).
-        if let Some(lent) = Lent::find(self, extensions).await {
+        if let Some(lent) = Lent::find(self, extensions).await? {
             with_lent!(lent, tx => write_charge!(tx));
             return Ok(payment);
         }
@@ -245,8 +250,17 @@ impl Payments for SqlPayments {
         id: &str,
         expected: Expected,
         status: &str,
+        extensions: &http::Extensions,
     ) -> Result<VersionedUpdate<Payment>, Error> {
-        // One UPDATE .. SET status = ?, version = version + 1 WHERE id = ? AND version IN (..).
+        // One UPDATE .. SET status = ?, version = version + 1 WHERE id = ? AND version IN (..),
+        // in the layer's transaction when there is one (it commits with the stored answer).
+        if let Some(lent) = Lent::find(self, extensions).await? {
+            return Ok(with_lent!(lent, tx => PAYMENTS
+                .update_if_version_returning(&mut *tx, id, expected, |set| {
+                    set.value("status", status.to_owned());
+                })
+                .await?));
+        }
         let outcome = with_pool!(self, pool => {
             PAYMENTS
                 .update_if_version_returning(pool, id, expected, |set| {

@@ -264,15 +264,8 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let detach = config.detach;
-    let work = async move {
-        match mode.begin_unkeyed().await {
-            Ok(owner) => transactional::execute(inner, owner, request, config, retry_after).await,
-            Err(error) => {
-                tracing::warn!(error = %error, "could not open a transaction");
-                Ok(render(&config, Rejection::StoreUnavailable { retry_after }))
-            }
-        }
-    };
+    let owner = mode.begin_unkeyed();
+    let work = transactional::execute(inner, owner, request, config, retry_after);
     run_detachable(work, detach).await
 }
 

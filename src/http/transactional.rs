@@ -24,7 +24,6 @@ use super::{
 use crate::{
     engine::EngineError,
     record::{Fingerprint, StoreKey},
-    store::StoreError,
     transactional::{CommitError, Transactional, TransactionalStore, TxBegin, TxOwner},
     BoxError,
 };
@@ -37,7 +36,7 @@ pub(crate) trait TxMode: Send + Sync {
         key: StoreKey,
         fingerprint: Fingerprint,
     ) -> Result<HttpBegin, EngineError>;
-    async fn begin_unkeyed(&self) -> Result<Box<dyn HttpOwner>, StoreError>;
+    fn begin_unkeyed(&self) -> Box<dyn HttpOwner>;
 }
 
 pub(crate) enum HttpBegin {
@@ -67,8 +66,8 @@ impl<S: TransactionalStore> TxMode for Transactional<S> {
         })
     }
 
-    async fn begin_unkeyed(&self) -> Result<Box<dyn HttpOwner>, StoreError> {
-        Ok(Box::new(Transactional::begin_unkeyed(self).await?))
+    fn begin_unkeyed(&self) -> Box<dyn HttpOwner> {
+        Box::new(Transactional::begin_unkeyed(self))
     }
 }
 

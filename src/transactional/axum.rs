@@ -8,8 +8,8 @@ use axum_core::{
 };
 use http::{request::Parts, StatusCode};
 
-use super::slot::{TxGuard, TxSlot};
-use crate::problem::Problem;
+use super::slot::{LockError, TxGuard, TxSlot};
+use crate::{problem::Problem, store::StoreError};
 
 /// The transaction a transactional [`IdempotencyLayer`](crate::IdempotencyLayer) opened for
 /// this request: run the handler's queries on it (`.execute(&mut *tx)`). Its writes commit
@@ -35,37 +35,66 @@ use crate::problem::Problem;
 /// ```
 pub struct Tx<DB: sqlx::Database>(TxGuard<DB>);
 
-/// The request has no transaction to lend: the route is not under a transactional
-/// [`IdempotencyLayer`](crate::IdempotencyLayer), or its method is not one the layer covers
-/// (GET, ...), or the transaction was already taken. Answers 500 problem+json: it is a
-/// wiring mistake, not the client's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("no idempotency transaction for this request: put the route under IdempotencyLayer::transactional and use a method the layer covers")]
-pub struct NoTransaction;
+/// Why [`Tx`] could not be extracted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxRejection {
+    /// The request has no transaction to lend: the route is not under a transactional
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer), its method is not one the layer covers
+    /// (GET, ...), or the transaction was already taken back. 500 problem+json: a wiring
+    /// mistake, not the client's.
+    #[error("no idempotency transaction for this request: put the route under IdempotencyLayer::transactional and use a method the layer covers")]
+    Missing,
+    /// A request without a key: its transaction could not be begun (the database is
+    /// unreachable). 503 problem+json with `Retry-After: 1`.
+    #[error("the request's transaction could not be begun; retry")]
+    Unavailable(#[source] StoreError),
+}
 
-impl IntoResponse for NoTransaction {
+impl IntoResponse for TxRejection {
     fn into_response(self) -> Response {
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "urn:tower-idempotency:no-transaction",
-            "No transaction for this request",
-        )
-        .detail(self.to_string())
-        .into_response()
-        .map(axum_core::body::Body::from)
+        let problem = match &self {
+            TxRejection::Missing => Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "urn:tower-idempotency:no-transaction",
+                "No transaction for this request",
+            ),
+            TxRejection::Unavailable(_) => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "urn:tower-idempotency:store-unavailable",
+                "Database unavailable",
+            ),
+        };
+        let retry = matches!(self, TxRejection::Unavailable(_));
+        let mut response = problem
+            .detail(self.to_string())
+            .into_response()
+            .map(axum_core::body::Body::from);
+        if retry {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1));
+        }
+        response
     }
 }
 
 impl<S: Send + Sync, DB: sqlx::Database> FromRequestParts<S> for Tx<DB> {
-    type Rejection = NoTransaction;
+    type Rejection = TxRejection;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let slot = parts
             .extensions
             .get::<TxSlot<DB>>()
             .cloned()
-            .ok_or(NoTransaction)?;
-        slot.lock().await.map(Tx).ok_or(NoTransaction)
+            .ok_or(TxRejection::Missing)?;
+        slot.lock().await.map(Tx).map_err(|error| match error {
+            LockError::Taken => TxRejection::Missing,
+            LockError::Begin(source) => {
+                tracing::warn!(error = %source, "could not begin the request's transaction");
+                TxRejection::Unavailable(source)
+            }
+        })
     }
 }
 

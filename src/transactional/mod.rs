@@ -76,16 +76,15 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 #[cfg(feature = "axum")]
-pub use self::axum::{NoTransaction, Tx};
+pub use self::axum::{Tx, TxRejection};
 pub use dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
 pub use owner::{CommitError, TxOwner};
 pub use run::TxRunError;
-pub use slot::{StillBorrowed, TxGuard, TxSlot};
+pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};
 
 use crate::{
     engine::{Engine, EngineError, InProgressPolicy},
     record::{Fingerprint, Record, StoreKey},
-    store::StoreError,
 };
 
 /// Runs operations at most once per key with their effects and their recorded outcome in
@@ -273,12 +272,10 @@ impl<S: TransactionalStore> Transactional<S> {
     /// A transaction for work that has no key to protect (a request without an idempotency
     /// key on a route where the key is optional): the operation still gets a transaction,
     /// committed or rolled back by the same rules, but nothing is claimed or recorded.
-    pub async fn begin_unkeyed(&self) -> Result<TxOwner<S::Database>, StoreError> {
-        let tx = self
-            .engine
-            .bounded(self.dialect.begin(self.engine.config.lease))
-            .await?;
-        Ok(TxOwner::unkeyed(self, tx))
+    /// The transaction is begun when the operation first locks it, so work that does not
+    /// touch the database costs no connection.
+    pub fn begin_unkeyed(&self) -> TxOwner<S::Database> {
+        TxOwner::unkeyed(self)
     }
 }
 

@@ -64,7 +64,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
         token: Token,
     ) -> Self {
         let local = mode.local.enter(&mode.engine, key.clone());
-        let mut owner = Self::unkeyed(mode, tx);
+        let mut owner = Self::with_slot(mode, TxSlot::open(tx));
         owner.claim = Some(ClaimRow {
             key,
             token,
@@ -73,12 +73,18 @@ impl<DB: sqlx::Database> TxOwner<DB> {
         owner
     }
 
-    pub(super) fn unkeyed<S: TransactionalStore<Database = DB>>(
+    /// Unkeyed work: the transaction is begun when the operation first locks it.
+    pub(super) fn unkeyed<S: TransactionalStore<Database = DB>>(mode: &Transactional<S>) -> Self {
+        let slot = TxSlot::lazy(mode.dialect.clone(), mode.engine.config.lease);
+        Self::with_slot(mode, slot)
+    }
+
+    fn with_slot<S: TransactionalStore<Database = DB>>(
         mode: &Transactional<S>,
-        tx: Transaction<'static, DB>,
+        slot: TxSlot<DB>,
     ) -> Self {
         Self {
-            slot: TxSlot::new(tx),
+            slot,
             claim: None,
             dialect: mode.dialect.clone(),
             engine: mode.engine.clone(),
@@ -101,7 +107,10 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// operation's writes. For unkeyed work the payload is ignored and the transaction simply
     /// commits. On error nothing persists (see [`CommitError`]).
     pub async fn commit(self, payload: Bytes) -> Result<(), CommitError> {
-        let mut tx = self.slot.take()?;
+        let Some(mut tx) = self.slot.take()? else {
+            // Unkeyed work that never used its transaction: nothing to commit.
+            return Ok(());
+        };
         let engine = &self.engine;
         if let Some(claim) = &self.claim {
             let retention: Duration = engine.config.retention;
@@ -130,7 +139,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// request with the key runs again. If the operation still holds the transaction, it rolls
     /// back when the operation lets go of it.
     pub async fn rollback(self) {
-        if let Ok(tx) = self.slot.take() {
+        if let Ok(Some(tx)) = self.slot.take() {
             if let Err(error) = tx.rollback().await {
                 // The connection is gone; the server rolled back on its own.
                 tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");

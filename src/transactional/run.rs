@@ -49,8 +49,8 @@ impl<S: TransactionalStore> Transactional<S> {
             TxBegin::Replay(output) => return Ok(Execution::Replayed(output)),
             TxBegin::Run(owner) => owner,
         };
-        // A new owner's transaction is always in its slot.
-        let Some(mut tx) = owner.transaction().lock().await else {
+        // A new owner's transaction is always open in its slot.
+        let Ok(mut tx) = owner.transaction().lock().await else {
             return Err(CommitError::StillBorrowed(StillBorrowed).into());
         };
         let result = operation(&mut tx).await;
