@@ -6,10 +6,12 @@
 //! leaves an effect without a record, and when the lease ends a retry runs it again. Here the
 //! database referees the outcome as well as the race:
 //!
-//! 1. a duplicate that finds a committed record replays it (one read, no transaction);
-//! 2. otherwise the owner opens a transaction and claims the key inside it; a claim that
-//!    another transaction holds right now is reported at once as busy, never waited for on a
-//!    pooled connection;
+//! 1. the request opens a transaction and claims the key inside it; a committed record is
+//!    replayed (the transaction, which wrote nothing, is rolled back), and a key that another
+//!    transaction holds right now is reported at once as busy, never waited for on a pooled
+//!    connection;
+//! 2. a busy key's duplicates wait without a connection: woken by an owner in their own
+//!    process, or looking again (one read, no transaction) with capped backoff;
 //! 3. the operation runs on that transaction;
 //! 4. its outcome is written into the claim row in the same transaction, which then commits.
 //!
@@ -26,8 +28,9 @@
 //! take the key over while its transaction is open.
 //!
 //! What the mode cannot cover: effects outside the database (a call to a card processor, an
-//! e-mail) run at most once per committed attempt, like any code before a commit; use the
-//! separate mode or an outbox for those.
+//! e-mail) are not rolled back with the transaction, so an attempt that fails after making one
+//! leaves it behind and the retry makes it again. Send those through an outbox written in
+//! the transaction, or use the separate mode.
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
@@ -120,6 +123,13 @@ pub enum TxBegin<DB: sqlx::Database> {
     Replay(Bytes),
 }
 
+/// Whether an attempt looks at the key (outside a transaction) before it claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    First,
+    No,
+}
+
 /// What a single attempt to own a key found.
 #[allow(clippy::large_enum_variant)] // as for `TxBegin`
 enum Attempt<DB: sqlx::Database> {
@@ -169,8 +179,10 @@ impl<S: TransactionalStore> Transactional<S> {
             InProgressPolicy::Wait { timeout } => Some(Instant::now() + timeout),
             InProgressPolicy::Reject => None,
         };
+        // Most requests carry a new key: claim straight away, without a look first (a look
+        // would cost every new key a round trip to spare a replay two).
         if !self.local.contains(&key) {
-            if let Attempt::Decided(begin) = self.attempt(&key, &fingerprint).await? {
+            if let Attempt::Decided(begin) = self.attempt(&key, &fingerprint, Look::No).await? {
                 return Ok(begin);
             }
         }
@@ -190,7 +202,10 @@ impl<S: TransactionalStore> Transactional<S> {
             woken.as_mut().enable();
             let owned_here = self.local.contains(&key);
             if !owned_here {
-                if let Attempt::Decided(begin) = self.attempt(&key, &fingerprint).await? {
+                // A waiter looks first: it asks without a transaction while the key is busy.
+                if let Attempt::Decided(begin) =
+                    self.attempt(&key, &fingerprint, Look::First).await?
+                {
                     return Ok(begin);
                 }
             }
@@ -212,22 +227,25 @@ impl<S: TransactionalStore> Transactional<S> {
         }
     }
 
-    /// One look at the key and, if it is free, one claim.
+    /// Maybe one look at the key and, if it is free, one claim.
     async fn attempt(
         &self,
         key: &StoreKey,
         fingerprint: &Fingerprint,
+        look: Look,
     ) -> Result<Attempt<S::Database>, EngineError> {
         let engine = &self.engine;
         let unavailable = |source| engine.unavailable(key, source);
-        match engine
-            .bounded(self.dialect.probe(key))
-            .await
-            .map_err(unavailable)?
-        {
-            Probe::Live(record) => return self.existing(key, fingerprint, record),
-            Probe::Busy => return Ok(Attempt::Busy),
-            Probe::Absent => {}
+        if look == Look::First {
+            match engine
+                .bounded(self.dialect.probe(key))
+                .await
+                .map_err(unavailable)?
+            {
+                Probe::Live(record) => return self.existing(key, fingerprint, record),
+                Probe::Busy => return Ok(Attempt::Busy),
+                Probe::Absent => {}
+            }
         }
         let lease = engine.config.lease;
         let mut tx = engine
