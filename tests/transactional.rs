@@ -329,6 +329,69 @@ macro_rules! transactional_tests {
             assert_eq!(effects(&store, &table, &http_key("panics")).await, 1);
             drop_table(&store, &table).await;
         }
+
+        /// A client that hangs up does not cut the owner in half: its transaction finishes in
+        /// the background and commits, and the retry replays it.
+        #[tokio::test]
+        async fn a_client_that_hangs_up_leaves_a_committed_answer_for_its_retry() {
+            use axum::{http::StatusCode, routing::post, Router};
+            use tower::ServiceExt;
+            use tower_idempotency::{transactional::Tx, IdempotencyLayer};
+
+            let Some((store, table)) = fixture(4).await else {
+                return;
+            };
+            let key = format!("hang-up-{}", Token::random().to_hex());
+            let runs = Arc::new(AtomicUsize::new(0));
+            let handler = {
+                let (table, runs) = (table.clone(), runs.clone());
+                move |mut tx: Tx<$db>, headers: axum::http::HeaderMap| {
+                    let (table, runs) = (table.clone(), runs.clone());
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+                        effect(&mut tx, &table, &StoreKey::new("http", key))
+                            .await
+                            .unwrap();
+                        (StatusCode::CREATED, "created late")
+                    }
+                }
+            };
+            let layer = IdempotencyLayer::transactional(Transactional::new(store.clone()))
+                .require_key()
+                .scope_with(|_| "tx-hang-up".to_owned());
+            let app = Router::new().route("/", post(handler)).layer(layer.clone());
+            let request = || {
+                axum::http::Request::post("/")
+                    .header("idempotency-key", key.as_str())
+                    .body(axum::body::Body::empty())
+                    .unwrap()
+            };
+            // The client gives up after 50 ms.
+            let gave_up =
+                tokio::time::timeout(Duration::from_millis(50), app.clone().oneshot(request()))
+                    .await;
+            assert!(gave_up.is_err(), "the handler takes 300 ms");
+            tokio::time::timeout(Duration::from_secs(10), layer.engine().drained())
+                .await
+                .expect("the detached owner finishes");
+            assert_eq!(
+                effects(&store, &table, &StoreKey::new("http", key.clone())).await,
+                1,
+                "committed in the background"
+            );
+            let retry = app.oneshot(request()).await.unwrap();
+            assert_eq!(retry.status(), StatusCode::CREATED);
+            assert_eq!(
+                axum::body::to_bytes(retry.into_body(), usize::MAX)
+                    .await
+                    .unwrap(),
+                "created late"
+            );
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "the retry replayed");
+            drop_table(&store, &table).await;
+        }
     };
 }
 
