@@ -392,6 +392,52 @@ macro_rules! transactional_tests {
             assert_eq!(runs.load(Ordering::SeqCst), 1, "the retry replayed");
             drop_table(&store, &table).await;
         }
+
+        /// The owner's connection is killed by the server while its operation runs (as when
+        /// the process dies, or a partition makes the server drop it): its effect can never
+        /// commit, and the key is free for the retry at once, without waiting for a lease.
+        #[tokio::test]
+        async fn an_owner_whose_connection_died_commits_nothing() {
+            if !OWNER_CONNECTIONS_CAN_BE_KILLED {
+                return;
+            }
+            let Some((store, table)) = fixture(4).await else {
+                return;
+            };
+            let mode = Transactional::new(store.clone());
+            let key = fresh_key("fenced");
+            let killer = store.pool().clone();
+            let outcome = {
+                let (table, key_for_op) = (table.clone(), key.clone());
+                mode.run_once(key.clone(), fp("m"), move |conn| {
+                    Box::pin(async move {
+                        effect(conn, &table, &key_for_op).await?;
+                        kill_from_elsewhere(conn, &killer).await?;
+                        Ok::<_, sqlx::Error>(Bytes::from_static(b"too late"))
+                    })
+                })
+                .await
+            };
+            assert!(matches!(outcome, Err(TxRunError::Commit(_))), "{outcome:?}");
+            assert_eq!(
+                effects(&store, &table, &key).await,
+                0,
+                "the dead owner's effect never committed"
+            );
+            let (table2, key_for_op) = (table.clone(), key.clone());
+            let retried = mode
+                .run_once(key.clone(), fp("m"), move |conn| {
+                    Box::pin(async move {
+                        effect(conn, &table2, &key_for_op).await?;
+                        Ok::<_, sqlx::Error>(Bytes::from_static(b"retried"))
+                    })
+                })
+                .await
+                .expect("the retry runs at once");
+            assert_eq!(retried, Execution::Ran(Bytes::from_static(b"retried")));
+            assert_eq!(effects(&store, &table, &key).await, 1);
+            drop_table(&store, &table).await;
+        }
     };
 }
 
@@ -401,6 +447,22 @@ mod postgres {
     use tower_idempotency::store::PostgresStore;
 
     const UNRELATED_KEYS_RUN_BESIDE_AN_OWNER: bool = true;
+    const OWNER_CONNECTIONS_CAN_BE_KILLED: bool = true;
+
+    /// Ends the server session of `conn` from another connection.
+    async fn kill_from_elsewhere(
+        conn: &mut PgConnection,
+        killer: &sqlx::PgPool,
+    ) -> Result<(), sqlx::Error> {
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await?;
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(killer)
+            .await?;
+        Ok(())
+    }
 
     async fn open(max: u32) -> Option<PostgresStore> {
         let url = backends::url_or_skip("TEST_POSTGRES_URL")?;
@@ -416,55 +478,6 @@ mod postgres {
     transactional_tests!(sqlx::Postgres, PostgresStore, PgConnection,
         insert: "INSERT INTO {t} (k) VALUES ($1)",
         count: "SELECT COUNT(*) FROM {t} WHERE k = $1");
-
-    /// The owner's connection is killed by the server while its operation runs (as when the
-    /// process dies, or a network partition makes the server drop it): its effect can never
-    /// commit, and the key is free for the retry at once, without waiting for a lease.
-    #[tokio::test]
-    async fn an_owner_whose_connection_died_commits_nothing() {
-        let Some((store, table)) = fixture(4).await else {
-            return;
-        };
-        let mode = Transactional::new(store.clone());
-        let key = fresh_key("fenced");
-        let killer = store.pool().clone();
-        let outcome = {
-            let (table, key_for_op) = (table.clone(), key.clone());
-            mode.run_once(key.clone(), fp("m"), move |conn| {
-                Box::pin(async move {
-                    effect(conn, &table, &key_for_op).await?;
-                    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                        .fetch_one(&mut *conn)
-                        .await?;
-                    sqlx::query("SELECT pg_terminate_backend($1)")
-                        .bind(pid)
-                        .execute(&killer)
-                        .await?;
-                    Ok::<_, sqlx::Error>(Bytes::from_static(b"too late"))
-                })
-            })
-            .await
-        };
-        assert!(matches!(outcome, Err(TxRunError::Commit(_))), "{outcome:?}");
-        assert_eq!(
-            effects(&store, &table, &key).await,
-            0,
-            "the dead owner's effect never committed"
-        );
-        let (table2, key_for_op) = (table.clone(), key.clone());
-        let retried = mode
-            .run_once(key.clone(), fp("m"), move |conn| {
-                Box::pin(async move {
-                    effect(conn, &table2, &key_for_op).await?;
-                    Ok::<_, sqlx::Error>(Bytes::from_static(b"retried"))
-                })
-            })
-            .await
-            .expect("the retry runs at once");
-        assert_eq!(retried, Execution::Ran(Bytes::from_static(b"retried")));
-        assert_eq!(effects(&store, &table, &key).await, 1);
-        drop_table(&store, &table).await;
-    }
 }
 
 mod mysql {
@@ -473,6 +486,19 @@ mod mysql {
     use tower_idempotency::store::MySqlStore;
 
     const UNRELATED_KEYS_RUN_BESIDE_AN_OWNER: bool = true;
+    const OWNER_CONNECTIONS_CAN_BE_KILLED: bool = true;
+
+    /// Ends the server session of `conn` from another connection.
+    async fn kill_from_elsewhere(
+        conn: &mut MySqlConnection,
+        killer: &sqlx::MySqlPool,
+    ) -> Result<(), sqlx::Error> {
+        let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await?;
+        sqlx::query(&format!("KILL {id}")).execute(killer).await?;
+        Ok(())
+    }
 
     async fn open(max: u32) -> Option<MySqlStore> {
         let url = backends::url_or_skip("TEST_MYSQL_URL")?;
@@ -488,50 +514,6 @@ mod mysql {
     transactional_tests!(sqlx::MySql, MySqlStore, MySqlConnection,
         insert: "INSERT INTO {t} (k) VALUES (?)",
         count: "SELECT COUNT(*) FROM {t} WHERE k = ?");
-
-    /// As on PostgreSQL: a killed owner connection commits nothing and frees the key.
-    #[tokio::test]
-    async fn an_owner_whose_connection_died_commits_nothing() {
-        let Some((store, table)) = fixture(4).await else {
-            return;
-        };
-        let mode = Transactional::new(store.clone());
-        let key = fresh_key("fenced");
-        let killer = store.pool().clone();
-        let outcome = {
-            let (table, key_for_op) = (table.clone(), key.clone());
-            mode.run_once(key.clone(), fp("m"), move |conn| {
-                Box::pin(async move {
-                    effect(conn, &table, &key_for_op).await?;
-                    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-                        .fetch_one(&mut *conn)
-                        .await?;
-                    sqlx::query(&format!("KILL {id}")).execute(&killer).await?;
-                    Ok::<_, sqlx::Error>(Bytes::from_static(b"too late"))
-                })
-            })
-            .await
-        };
-        assert!(matches!(outcome, Err(TxRunError::Commit(_))), "{outcome:?}");
-        assert_eq!(
-            effects(&store, &table, &key).await,
-            0,
-            "the dead owner's effect never committed"
-        );
-        let (table2, key_for_op) = (table.clone(), key.clone());
-        let retried = mode
-            .run_once(key.clone(), fp("m"), move |conn| {
-                Box::pin(async move {
-                    effect(conn, &table2, &key_for_op).await?;
-                    Ok::<_, sqlx::Error>(Bytes::from_static(b"retried"))
-                })
-            })
-            .await
-            .expect("the retry runs at once");
-        assert_eq!(retried, Execution::Ran(Bytes::from_static(b"retried")));
-        assert_eq!(effects(&store, &table, &key).await, 1);
-        drop_table(&store, &table).await;
-    }
 }
 
 mod sqlite {
@@ -545,6 +527,16 @@ mod sqlite {
     /// SQLite has one writer: the owner's transaction holds the write lock, so another key's
     /// owner waits for it (documented). The rest of the storm test still applies.
     const UNRELATED_KEYS_RUN_BESIDE_AN_OWNER: bool = false;
+    /// An embedded database has no server session to end: a dead process' transaction is
+    /// covered by the SIGKILL tests of tests/payments_crash.rs instead.
+    const OWNER_CONNECTIONS_CAN_BE_KILLED: bool = false;
+
+    async fn kill_from_elsewhere(
+        _: &mut SqliteConnection,
+        _: &sqlx::SqlitePool,
+    ) -> Result<(), sqlx::Error> {
+        unreachable!("OWNER_CONNECTIONS_CAN_BE_KILLED is false")
+    }
 
     async fn open(max: u32) -> Option<SqliteStore> {
         let path = std::env::temp_dir().join(format!(

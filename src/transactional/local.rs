@@ -1,37 +1,46 @@
-//! The keys whose owner runs in this process: their duplicates here wait to be woken instead
-//! of asking the database.
+//! The keys a task of this process is claiming or running: their duplicates here wait to be
+//! woken instead of asking the database, so a burst of copies costs one claim.
 
 use std::{
     collections::HashSet,
     sync::{Arc, Mutex, PoisonError},
 };
 
-use crate::{engine::Engine, record::StoreKey};
+use crate::{
+    engine::{in_flight::InFlightGuard, Engine},
+    record::StoreKey,
+};
 
 #[derive(Default)]
 pub(crate) struct LocalOwners {
     keys: Mutex<HashSet<StoreKey>>,
 }
 
-/// This process owns a key until this is dropped; dropping it wakes the key's local waiters.
+/// A task of this process claims (then owns) a key until this is dropped; dropping it wakes
+/// the key's local waiters. It also counts as in flight for `Engine::drained`.
 pub(crate) struct LocalOwnership {
     owners: Arc<LocalOwners>,
     engine: Engine,
     key: StoreKey,
+    _in_flight: InFlightGuard,
 }
 
 impl LocalOwners {
-    pub(crate) fn contains(&self, key: &StoreKey) -> bool {
-        self.lock().contains(key)
-    }
-
-    pub(crate) fn enter(self: &Arc<Self>, engine: &Engine, key: StoreKey) -> LocalOwnership {
-        self.lock().insert(key.clone());
-        LocalOwnership {
+    /// Marks `key` as claimed by the caller, unless another task of this process has it.
+    pub(crate) fn try_enter(
+        self: &Arc<Self>,
+        engine: &Engine,
+        key: &StoreKey,
+    ) -> Option<LocalOwnership> {
+        if !self.lock().insert(key.clone()) {
+            return None;
+        }
+        Some(LocalOwnership {
             owners: self.clone(),
             engine: engine.clone(),
-            key,
-        }
+            key: key.clone(),
+            _in_flight: engine.in_flight.enter(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<StoreKey>> {

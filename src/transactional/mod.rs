@@ -123,18 +123,14 @@ pub enum TxBegin<DB: sqlx::Database> {
     Replay(Bytes),
 }
 
-/// Whether an attempt looks at the key (outside a transaction) before it claims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Look {
-    First,
-    No,
-}
-
 /// What a single attempt to own a key found.
 #[allow(clippy::large_enum_variant)] // as for `TxBegin`
 enum Attempt<DB: sqlx::Database> {
     Decided(TxBegin<DB>),
+    /// Someone elsewhere holds the key.
     Busy,
+    /// A task of this process is claiming or running the key.
+    BusyHere,
 }
 
 impl<S: TransactionalStore> Transactional<S> {
@@ -169,6 +165,9 @@ impl<S: TransactionalStore> Transactional<S> {
     /// Claims `key` inside a new transaction, or finds its committed outcome. Duplicates of a
     /// running owner wait (without a database connection) as the engine's in-progress policy
     /// says, then replay.
+    ///
+    /// In one process, only one task at a time tries to claim a key; the others wait to be
+    /// woken when it has decided, so a burst of copies never opens a burst of transactions.
     pub async fn begin(
         &self,
         key: StoreKey,
@@ -179,64 +178,56 @@ impl<S: TransactionalStore> Transactional<S> {
             InProgressPolicy::Wait { timeout } => Some(Instant::now() + timeout),
             InProgressPolicy::Reject => None,
         };
-        // Most requests carry a new key: claim straight away, without a look first (a look
-        // would cost every new key a round trip to spare a replay two).
-        if !self.local.contains(&key) {
-            if let Attempt::Decided(begin) = self.attempt(&key, &fingerprint, Look::No).await? {
-                return Ok(begin);
-            }
-        }
-        let Some(deadline) = deadline else {
-            tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
-            return Err(self.engine.still_running());
-        };
-        let span = tracing::debug_span!("idempotency.wait", key = %key.log_id());
-        let _entered = span.enter();
         let subscription = self.engine.waiters.subscribe(&key);
         let (mut pause, max_pause) = config.poll;
+        // Most requests carry a new key: the first attempt claims straight away (a look first
+        // would cost every new key a round trip to spare a replay two). Later attempts look
+        // first, without a transaction.
+        let mut look = false;
         loop {
-            // Subscribed before looking: an owner of this process finishing after the look
+            // Subscribed before deciding: a task of this process finishing after the decision
             // still wakes us.
             let woken = subscription.notify().notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let owned_here = self.local.contains(&key);
-            if !owned_here {
-                // A waiter looks first: it asks without a transaction while the key is busy.
-                if let Attempt::Decided(begin) =
-                    self.attempt(&key, &fingerprint, Look::First).await?
-                {
-                    return Ok(begin);
-                }
-            }
+            // `None`: a task of this process is claiming or running the key, and wakes us.
+            // `Some(pause)`: someone elsewhere runs it; look again after the pause.
+            let nap = match self.attempt(&key, &fingerprint, look).await? {
+                Attempt::Decided(begin) => return Ok(begin),
+                Attempt::Busy => Some(pause),
+                Attempt::BusyHere => None,
+            };
+            look = true;
+            let Some(deadline) = deadline else {
+                tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
+                return Err(self.engine.still_running());
+            };
             let now = Instant::now();
             if now >= deadline {
-                tracing::debug!("gave up waiting for the original request");
+                tracing::debug!(key = %key.log_id(), "gave up waiting for the original request");
                 return Err(self.engine.still_running());
             }
-            // An owner in this process wakes us when it ends; one elsewhere is polled for.
-            let nap = if owned_here {
-                deadline - now
-            } else {
-                pause.min(deadline - now)
-            };
+            let left = deadline - now;
             tokio::select! {
                 () = &mut woken => {}
-                () = tokio::time::sleep(nap) => pause = (pause * 2).min(max_pause),
+                () = tokio::time::sleep(nap.map_or(left, |nap| nap.min(left))) => {
+                    pause = (pause * 2).min(max_pause);
+                }
             }
         }
     }
 
-    /// Maybe one look at the key and, if it is free, one claim.
+    /// Maybe one look at the key and, if it is free and nobody in this process is claiming it,
+    /// one claim.
     async fn attempt(
         &self,
         key: &StoreKey,
         fingerprint: &Fingerprint,
-        look: Look,
+        look: bool,
     ) -> Result<Attempt<S::Database>, EngineError> {
         let engine = &self.engine;
         let unavailable = |source| engine.unavailable(key, source);
-        if look == Look::First {
+        if look {
             match engine
                 .bounded(self.dialect.probe(key))
                 .await
@@ -247,6 +238,9 @@ impl<S: TransactionalStore> Transactional<S> {
                 Probe::Absent => {}
             }
         }
+        let Some(mark) = self.local.try_enter(engine, key) else {
+            return Ok(Attempt::BusyHere);
+        };
         let lease = engine.config.lease;
         let mut tx = engine
             .bounded(self.dialect.begin(lease))
@@ -256,14 +250,15 @@ impl<S: TransactionalStore> Transactional<S> {
             .bounded(self.dialect.claim_in(&mut tx, key, fingerprint, lease))
             .await
             .map_err(unavailable)?;
+        // Unless claimed, nothing was written: dropping the transaction rolls it back, and
+        // dropping the mark wakes the tasks of this process waiting on the key.
         let token = match claimed {
             TxClaim::Claimed(token) => token,
-            // Nothing was written: dropping the transaction rolls it back in the background.
             TxClaim::Existing(record) => return self.existing(key, fingerprint, record),
             TxClaim::Busy => return Ok(Attempt::Busy),
         };
         tracing::debug!(key = %key.log_id(), "claimed in a transaction");
-        let owner = TxOwner::claimed(self, tx, key.clone(), token);
+        let owner = TxOwner::claimed(self, tx, key.clone(), token, mark);
         Ok(Attempt::Decided(TxBegin::Run(owner)))
     }
 

@@ -30,15 +30,17 @@ pub struct TxOwner<DB: sqlx::Database> {
     claim: Option<ClaimRow>,
     dialect: Arc<dyn TxDialect<DB>>,
     engine: Engine,
-    /// Held until the transaction has ended, so `Engine::drained` waits for it.
-    _in_flight: InFlightGuard,
+    /// Unkeyed work: held until the transaction has ended, so `Engine::drained` waits for it
+    /// (a claimed key's mark counts it instead).
+    _in_flight: Option<InFlightGuard>,
 }
 
 /// The uncommitted claim row this transaction wrote.
 struct ClaimRow {
     key: StoreKey,
     token: Token,
-    /// Dropped after the transaction ended: wakes this process' waiters on the key.
+    /// Dropped after the transaction ended: wakes this process' waiters on the key and counts
+    /// the owner out of `Engine::drained`.
     _local: LocalOwnership,
 }
 
@@ -62,9 +64,9 @@ impl<DB: sqlx::Database> TxOwner<DB> {
         tx: Transaction<'static, DB>,
         key: StoreKey,
         token: Token,
+        local: LocalOwnership,
     ) -> Self {
-        let local = mode.local.enter(&mode.engine, key.clone());
-        let mut owner = Self::with_slot(mode, TxSlot::open(tx));
+        let mut owner = Self::with_slot(mode, TxSlot::open(tx), None);
         owner.claim = Some(ClaimRow {
             key,
             token,
@@ -76,19 +78,20 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// Unkeyed work: the transaction is begun when the operation first locks it.
     pub(super) fn unkeyed<S: TransactionalStore<Database = DB>>(mode: &Transactional<S>) -> Self {
         let slot = TxSlot::lazy(mode.dialect.clone(), mode.engine.config.lease);
-        Self::with_slot(mode, slot)
+        Self::with_slot(mode, slot, Some(mode.engine.in_flight.enter()))
     }
 
     fn with_slot<S: TransactionalStore<Database = DB>>(
         mode: &Transactional<S>,
         slot: TxSlot<DB>,
+        in_flight: Option<InFlightGuard>,
     ) -> Self {
         Self {
             slot,
             claim: None,
             dialect: mode.dialect.clone(),
             engine: mode.engine.clone(),
-            _in_flight: mode.engine.in_flight.enter(),
+            _in_flight: in_flight,
         }
     }
 
