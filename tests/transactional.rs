@@ -161,24 +161,29 @@ macro_rules! transactional_tests {
             drop_table(&store, &table).await;
         }
 
-        /// 64 copies on a pool of 5 connections: the owner holds one, the waiting copies hold
-        /// none, so an unrelated key runs to the end while the owner is still held open by a
-        /// gate that only that unrelated run releases. If waiters held connections, the
-        /// unrelated run could not get one and the test would time out.
+        /// 64 copies on two instances (two pools of 5 connections, as two processes would
+        /// have): the owner holds one connection, the waiting copies hold none — those of the
+        /// owner's instance wait to be woken, those of the other instance find the key busy
+        /// without queueing behind the owner's row — so an unrelated key runs to the end on
+        /// either instance while the owner is still held open by a gate that only those
+        /// unrelated runs release. If waiters held connections, the unrelated runs could not
+        /// get one and the test would time out.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_storm_on_a_small_pool_runs_once_and_leaves_room_for_other_keys() {
+        async fn a_storm_on_small_pools_runs_once_and_leaves_room_for_other_keys() {
             const COPIES: usize = 64;
             let Some((store, table)) = fixture(5).await else {
                 return;
             };
-            let mode = Transactional::new(store.clone());
+            let other_instance = Transactional::new(reopen(&store, 5).await);
+            let instances = [Transactional::new(store.clone()), other_instance];
             let key = fresh_key("storm");
             let runs = Arc::new(AtomicUsize::new(0));
             let gate = Arc::new(tokio::sync::Notify::new());
             let barrier = Arc::new(Barrier::new(COPIES));
             let mut copies = Vec::new();
-            for _ in 0..COPIES {
-                let (mode, key, table) = (mode.clone(), key.clone(), table.clone());
+            for copy in 0..COPIES {
+                let mode = instances[copy % 2].clone();
+                let (key, table) = (key.clone(), table.clone());
                 let (runs, gate, barrier) = (runs.clone(), gate.clone(), barrier.clone());
                 copies.push(tokio::spawn(async move {
                     barrier.wait().await;
@@ -198,7 +203,10 @@ macro_rules! transactional_tests {
             while runs.load(Ordering::SeqCst) == 0 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            if UNRELATED_KEYS_RUN_BESIDE_AN_OWNER {
+            for mode in instances
+                .iter()
+                .filter(|_| UNRELATED_KEYS_RUN_BESIDE_AN_OWNER)
+            {
                 let other = fresh_key("unrelated");
                 let (table2, other_for_op) = (table.clone(), other.clone());
                 let unrelated = tokio::time::timeout(
@@ -464,6 +472,10 @@ mod postgres {
         Ok(())
     }
 
+    async fn reopen(_: &PostgresStore, max: u32) -> PostgresStore {
+        open(max).await.expect("a second pool")
+    }
+
     async fn open(max: u32) -> Option<PostgresStore> {
         let url = backends::url_or_skip("TEST_POSTGRES_URL")?;
         let pool = PgPoolOptions::new()
@@ -498,6 +510,10 @@ mod mysql {
             .await?;
         sqlx::query(&format!("KILL {id}")).execute(killer).await?;
         Ok(())
+    }
+
+    async fn reopen(_: &MySqlStore, max: u32) -> MySqlStore {
+        open(max).await.expect("a second pool")
     }
 
     async fn open(max: u32) -> Option<MySqlStore> {
@@ -536,6 +552,17 @@ mod sqlite {
         _: &sqlx::SqlitePool,
     ) -> Result<(), sqlx::Error> {
         unreachable!("OWNER_CONNECTIONS_CAN_BE_KILLED is false")
+    }
+
+    /// A second pool on the same database file, as a second process would open.
+    async fn reopen(store: &SqliteStore, max: u32) -> SqliteStore {
+        let options = (*store.pool().connect_options()).clone();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max)
+            .connect_with(options)
+            .await
+            .expect("a second pool on the file");
+        SqliteStore::new(pool)
     }
 
     async fn open(max: u32) -> Option<SqliteStore> {

@@ -85,6 +85,7 @@ pub use owner::{CommitError, TxOwner};
 pub use run::TxRunError;
 pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};
 
+use self::local::LocalOwnership;
 use crate::{
     engine::{Engine, EngineError, InProgressPolicy},
     record::{Fingerprint, Record, StoreKey},
@@ -127,8 +128,8 @@ pub enum TxBegin<DB: sqlx::Database> {
 #[allow(clippy::large_enum_variant)] // as for `TxBegin`
 enum Attempt<DB: sqlx::Database> {
     Decided(TxBegin<DB>),
-    /// Someone elsewhere holds the key.
-    Busy,
+    /// Someone elsewhere holds the key; this task keeps its process' mark and watches.
+    Busy(LocalOwnership),
     /// A task of this process is claiming or running the key.
     BusyHere,
 }
@@ -184,6 +185,9 @@ impl<S: TransactionalStore> Transactional<S> {
         // would cost every new key a round trip to spare a replay two). Later attempts look
         // first, without a transaction.
         let mut look = false;
+        // While someone elsewhere runs the key, this task may be the one of its process that
+        // watches the database for the outcome; the others wait to be woken.
+        let mut watching = None;
         loop {
             // Subscribed before deciding: a task of this process finishing after the decision
             // still wakes us.
@@ -192,9 +196,15 @@ impl<S: TransactionalStore> Transactional<S> {
             woken.as_mut().enable();
             // `None`: a task of this process is claiming or running the key, and wakes us.
             // `Some(pause)`: someone elsewhere runs it; look again after the pause.
-            let nap = match self.attempt(&key, &fingerprint, look).await? {
+            let nap = match self
+                .attempt(&key, &fingerprint, look, watching.take())
+                .await?
+            {
                 Attempt::Decided(begin) => return Ok(begin),
-                Attempt::Busy => Some(pause),
+                Attempt::Busy(mark) => {
+                    watching = Some(mark);
+                    Some(pause)
+                }
                 Attempt::BusyHere => None,
             };
             look = true;
@@ -217,28 +227,32 @@ impl<S: TransactionalStore> Transactional<S> {
         }
     }
 
-    /// Maybe one look at the key and, if it is free and nobody in this process is claiming it,
-    /// one claim.
+    /// Maybe one look at the key (any waiter may look: it is one read) and, if it is free and
+    /// no other task of this process is claiming it, one claim. Only the task holding its
+    /// process' mark for the key claims, or watches a key someone elsewhere runs; `held` is
+    /// that mark from this task's previous attempt.
     async fn attempt(
         &self,
         key: &StoreKey,
         fingerprint: &Fingerprint,
         look: bool,
+        held: Option<LocalOwnership>,
     ) -> Result<Attempt<S::Database>, EngineError> {
         let engine = &self.engine;
         let unavailable = |source| engine.unavailable(key, source);
+        let mark = || held.or_else(|| self.local.try_enter(engine, key));
         if look {
-            match engine
+            let found = engine
                 .bounded(self.dialect.probe(key))
                 .await
-                .map_err(unavailable)?
-            {
-                Probe::Live(record) => return self.existing(key, fingerprint, record),
-                Probe::Busy => return Ok(Attempt::Busy),
+                .map_err(unavailable)?;
+            match found {
+                Probe::Live(record) => return self.existing(key, fingerprint, record, mark()),
+                Probe::Busy => return Ok(mark().map_or(Attempt::BusyHere, Attempt::Busy)),
                 Probe::Absent => {}
             }
         }
-        let Some(mark) = self.local.try_enter(engine, key) else {
+        let Some(mark) = mark() else {
             return Ok(Attempt::BusyHere);
         };
         let lease = engine.config.lease;
@@ -254,19 +268,25 @@ impl<S: TransactionalStore> Transactional<S> {
         // dropping the mark wakes the tasks of this process waiting on the key.
         let token = match claimed {
             TxClaim::Claimed(token) => token,
-            TxClaim::Existing(record) => return self.existing(key, fingerprint, record),
-            TxClaim::Busy => return Ok(Attempt::Busy),
+            TxClaim::Existing(record) => {
+                return self.existing(key, fingerprint, record, Some(mark))
+            }
+            TxClaim::Busy => return Ok(Attempt::Busy(mark)),
         };
         tracing::debug!(key = %key.log_id(), "claimed in a transaction");
         let owner = TxOwner::claimed(self, tx, key.clone(), token, mark);
         Ok(Attempt::Decided(TxBegin::Run(owner)))
     }
 
+    /// What a committed record means for this request. `mark` (if this task has its process'
+    /// mark) is kept to watch a running claim of the separate mode, and dropped otherwise,
+    /// which wakes the other waiters of this process to look for themselves.
     fn existing(
         &self,
         key: &StoreKey,
         fingerprint: &Fingerprint,
         record: Record,
+        mark: Option<LocalOwnership>,
     ) -> Result<Attempt<S::Database>, EngineError> {
         if record.fingerprint() != fingerprint {
             tracing::debug!(key = %key.log_id(), "key reused with a different request");
@@ -278,7 +298,7 @@ impl<S: TransactionalStore> Transactional<S> {
                 Attempt::Decided(TxBegin::Replay(payload))
             }
             // A claim of the separate mode on the same table: wait for it like for a busy key.
-            Record::InProgress { .. } => Attempt::Busy,
+            Record::InProgress { .. } => mark.map_or(Attempt::BusyHere, Attempt::Busy),
         })
     }
 
