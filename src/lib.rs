@@ -12,6 +12,8 @@ pub mod http;
 pub mod problem;
 pub mod record;
 pub mod store;
+#[cfg(feature = "sqlx")]
+pub mod transactional;
 pub mod version;
 
 pub use crate::http::{

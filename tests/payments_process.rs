@@ -324,10 +324,16 @@ async fn two_processes_are_one_service(shared: Shared) {
 
 /// Process A claims a key and dies (SIGKILL) in the middle of its handler, before charging.
 /// The same request to process B waits for A's lease to run out, takes the key over and
-/// charges exactly once.
+/// charges exactly once. (The separate mode: in the transactional one no lease is involved,
+/// see tests/payments_crash.rs.)
 async fn a_killed_owner_is_taken_over_after_its_lease(shared: Shared) {
     let env = shared.env();
-    let lease = |launch: Launch| launch.envs(&env).env("IDEMPOTENCY_LEASE_MS", 1_000);
+    let lease = |launch: Launch| {
+        launch
+            .envs(&env)
+            .env("IDEMPOTENCY_MODE", "separate")
+            .env("IDEMPOTENCY_LEASE_MS", 1_000)
+    };
     let (a, b) = tokio::join!(
         lease(Launch::new())
             .env("PAYMENTS_HANDLER_DELAY_MS", 60_000)
@@ -433,6 +439,77 @@ async fn redis_a_killed_owner_is_taken_over_after_its_lease() {
     if let Some(shared) = Shared::redis() {
         shared
             .run(a_killed_owner_is_taken_over_after_its_lease)
+            .await;
+    }
+}
+
+/// Transactional mode, two processes on one PostgreSQL: 64 copies of each of 4 keys arrive
+/// together while unrelated keys keep coming. Waiting copies hold no database connection
+/// (the example's pools have 10), so the unrelated keys are charged during the storm, every
+/// copy gets its key's one answer, and nothing times out.
+async fn transactional_storm_leaves_other_keys_flowing(shared: Shared) {
+    const KEYS: usize = 4;
+    const COPIES: usize = 64;
+    const UNRELATED: usize = 20;
+    let launch = Launch::new()
+        .envs(&shared.env())
+        .env("IDEMPOTENCY_MODE", "transactional")
+        .env("PAYMENTS_HANDLER_DELAY_MS", 300);
+    let (a, b) = tokio::join!(launch.clone().start(), launch.start());
+    let backend = shared.name();
+    a.wait_for_log("mode: transactional").await;
+    let servers = [a.http(), b.http()];
+    let caller = unique();
+
+    let storms = futures_util::future::join_all((0..KEYS).map(|k| {
+        let charge = Charge::new(&format!("storm-{k}-{}", unique()), &caller);
+        let servers = servers.clone();
+        async move { storm(&servers, &charge, COPIES).await }
+    }));
+    let flow = {
+        let (servers, caller) = (servers.clone(), caller.clone());
+        async move {
+            let mut replies = Vec::new();
+            for i in 0..UNRELATED {
+                let charge = Charge::new(&format!("flow-{i}-{}", unique()), &caller);
+                replies.push(servers[i % 2].charge(&charge).await);
+            }
+            replies
+        }
+    };
+    let (storms, flow) = tokio::join!(storms, flow);
+    for replies in &storms {
+        one_created(replies);
+    }
+    for reply in &flow {
+        assert_eq!(
+            reply.status,
+            StatusCode::CREATED,
+            "{backend}: unrelated key: {:?}",
+            reply.body
+        );
+    }
+    assert_eq!(
+        shared.charge_rows().await,
+        (KEYS + UNRELATED) as i64,
+        "{backend}: one charge per key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_transactional_storm_leaves_other_keys_flowing() {
+    if let Some(shared) = Shared::postgres().await {
+        shared
+            .run(transactional_storm_leaves_other_keys_flowing)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_transactional_storm_leaves_other_keys_flowing() {
+    if let Some(shared) = Shared::mysql().await {
+        shared
+            .run(transactional_storm_leaves_other_keys_flowing)
             .await;
     }
 }

@@ -6,6 +6,10 @@
 //! | a database     | unset       | that database | that database       |
 //! | any            | set         | as above      | Redis               |
 //!
+//! With a database and no Redis the layer runs in the transactional mode by default
+//! (`IDEMPOTENCY_MODE`): the claim, the charge and the stored response commit in one
+//! transaction of that database, so a crash can never leave a charge without its record.
+//!
 //! With a database, payments and idempotency records share ONE pool and one database, so
 //! every process pointed at it sees the same charges and the same keys: several processes
 //! behave as one service.
@@ -18,12 +22,15 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqlitePoolOptions},
     SqlitePool,
 };
-use tower_idempotency::store::{
-    MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore, Store,
+use tower_idempotency::{
+    engine::ConfigError,
+    store::{MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore, Store},
+    transactional::{Transactional, TransactionalStore},
+    Engine, IdempotencyLayer,
 };
 
 use crate::{
-    config::Config,
+    config::{Config, Mode},
     payments::{MemoryPayments, Payments},
     sql_payments::SqlPayments,
 };
@@ -34,6 +41,8 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub struct Backends {
     pub payments: Arc<dyn Payments>,
     pub idempotency: Arc<dyn Store>,
+    /// The idempotency layer for the configured mode and timings.
+    pub layer: IdempotencyLayer,
     /// For the startup log: `payments: postgres, idempotency: redis`.
     pub description: String,
 }
@@ -51,12 +60,50 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
         None => None,
     };
 
-    let (idempotency, idempotency_name): (Arc<dyn Store>, &str) =
-        match (&config.redis_url, &database) {
-            (Some(url), _) => (redis_store(url).await?, "redis"),
-            (None, Some(database)) => (sql_store(database).await?, database.database()),
-            (None, None) => (Arc::new(MemoryStore::new()), "memory"),
+    let engine = |store: Arc<dyn Store>| {
+        Engine::builder_shared(store)
+            .lease(config.lease)
+            // Short leases (tests set 1 s) need a store timeout short enough for two failed
+            // renewals to fit in one lease; `build` refuses anything else.
+            .store_timeout(Duration::from_secs(5).min(config.lease / 5))
+            .retention(config.retention)
+            .build()
+    };
+    let (idempotency, idempotency_name, layer): (Arc<dyn Store>, &str, IdempotencyLayer) =
+        match (&config.redis_url, &database, config.mode) {
+            (None, Some(database), Mode::Transactional) => {
+                let (store, layer) = transactional(database, engine).await?;
+                (store, database.database(), layer)
+            }
+            (Some(url), _, _) => {
+                let store = redis_store(url).await?;
+                (
+                    store.clone(),
+                    "redis",
+                    IdempotencyLayer::from_engine(engine(store)?),
+                )
+            }
+            (None, Some(database), _) => {
+                let store = sql_store(database).await?;
+                (
+                    store.clone(),
+                    database.database(),
+                    IdempotencyLayer::from_engine(engine(store)?),
+                )
+            }
+            (None, None, _) => {
+                let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+                (
+                    store.clone(),
+                    "memory",
+                    IdempotencyLayer::from_engine(engine(store)?),
+                )
+            }
         };
+    let mode = match config.mode {
+        Mode::Transactional => "transactional",
+        Mode::Separate => "separate",
+    };
 
     let (payments, payments_name): (Arc<dyn Payments>, &str) = match database {
         Some(database) => {
@@ -68,7 +115,10 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
     Ok(Backends {
         payments,
         idempotency,
-        description: format!("payments: {payments_name}, idempotency: {idempotency_name}"),
+        layer,
+        description: format!(
+            "payments: {payments_name}, idempotency: {idempotency_name}, mode: {mode}"
+        ),
     })
 }
 
@@ -162,6 +212,39 @@ async fn sql_store(database: &SqlPayments) -> Result<Arc<dyn Store>, Error> {
         }
     };
     Ok(store)
+}
+
+/// The transactional mode on the payments database: the claim, the charge and the stored
+/// response commit in one transaction of that pool.
+async fn transactional(
+    database: &SqlPayments,
+    engine: impl Fn(Arc<dyn Store>) -> Result<Engine, ConfigError>,
+) -> Result<(Arc<dyn Store>, IdempotencyLayer), Error> {
+    fn layer<S: TransactionalStore>(
+        store: S,
+        engine: Engine,
+    ) -> (Arc<dyn Store>, IdempotencyLayer) {
+        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        let layer = IdempotencyLayer::transactional(Transactional::with_engine(store, engine));
+        (shared, layer)
+    }
+    Ok(match database {
+        SqlPayments::Postgres(pool) => {
+            let store = PostgresStore::new(pool.clone());
+            store.migrate().await?;
+            layer(store.clone(), engine(Arc::new(store))?)
+        }
+        SqlPayments::MySql(pool) => {
+            let store = MySqlStore::new(pool.clone());
+            store.migrate().await?;
+            layer(store.clone(), engine(Arc::new(store))?)
+        }
+        SqlPayments::Sqlite(pool) => {
+            let store = SqliteStore::new(pool.clone());
+            store.migrate().await?;
+            layer(store.clone(), engine(Arc::new(store))?)
+        }
+    })
 }
 
 /// Redis keeps the records itself (keys expire with `PX`): nothing to migrate.

@@ -12,19 +12,50 @@ pub struct Config {
     pub retention: Duration,
     pub idempotency_disabled: bool,
     pub handler_delay: Duration,
+    pub delay_after_charge: Duration,
     pub fail_first: u64,
+    pub mode: Mode,
+}
+
+/// `IDEMPOTENCY_MODE`: how the claim, the charge and the stored response commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// All three in ONE database transaction (needs a SQL `DATABASE_URL`, no `REDIS_URL`).
+    Transactional,
+    /// The claim and the completion are their own store operations around the handler.
+    Separate,
 }
 
 impl Config {
     pub fn from_env() -> Result<Self, String> {
+        let database_url = var("DATABASE_URL");
+        let redis_url = var("REDIS_URL");
+        let mode = match var("IDEMPOTENCY_MODE").as_deref() {
+            None if database_url.is_some() && redis_url.is_none() => Mode::Transactional,
+            None | Some("separate") => Mode::Separate,
+            Some("transactional") if redis_url.is_some() => {
+                return Err("IDEMPOTENCY_MODE=transactional keeps the records in the payments database: unset REDIS_URL".to_owned())
+            }
+            Some("transactional") if database_url.is_none() => {
+                return Err("IDEMPOTENCY_MODE=transactional needs a SQL DATABASE_URL (postgres://, mysql:// or sqlite://)".to_owned())
+            }
+            Some("transactional") => Mode::Transactional,
+            Some(other) => {
+                return Err(format!(
+                    "IDEMPOTENCY_MODE must be \"transactional\" or \"separate\", got {other:?}"
+                ))
+            }
+        };
         Ok(Self {
+            mode,
             bind: var("BIND").unwrap_or_else(|| "127.0.0.1:3000".to_owned()),
-            database_url: var("DATABASE_URL"),
-            redis_url: var("REDIS_URL"),
+            database_url,
+            redis_url,
             lease: Duration::from_millis(number("IDEMPOTENCY_LEASE_MS", 30_000)?),
             retention: Duration::from_secs(number("IDEMPOTENCY_TTL_SECS", 86_400)?),
             idempotency_disabled: var("IDEMPOTENCY_DISABLED").as_deref() == Some("1"),
             handler_delay: Duration::from_millis(number("PAYMENTS_HANDLER_DELAY_MS", 0)?),
+            delay_after_charge: Duration::from_millis(number("PAYMENTS_DELAY_AFTER_CHARGE_MS", 0)?),
             fail_first: number("PAYMENTS_FAIL_FIRST", 0)?,
         })
     }

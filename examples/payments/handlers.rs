@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use axum::{
     extract::{Path, Request, State},
-    http::{header, HeaderValue, Method, StatusCode},
+    http::{header, Extensions, HeaderValue, Method, StatusCode},
     middleware::Next,
     response::{IntoResponse, Response},
     Json,
@@ -33,7 +33,7 @@ pub async fn require_caller(request: Request, next: Next) -> Response {
 }
 
 /// `POST /payments`: validate, then record exactly one charge.
-pub async fn create(State(app): State<App>, body: Bytes) -> Response {
+pub async fn create(State(app): State<App>, extensions: Extensions, body: Bytes) -> Response {
     let new = match parse(&body) {
         Ok(new) => new,
         Err(detail) => return problem::invalid_body(detail),
@@ -43,9 +43,24 @@ pub async fn create(State(app): State<App>, body: Bytes) -> Response {
         return problem::processor_unavailable();
     }
     if !app.config.handler_delay.is_zero() {
+        tracing::info!(delay = ?app.config.handler_delay, "charging after PAYMENTS_HANDLER_DELAY_MS");
         tokio::time::sleep(app.config.handler_delay).await;
     }
-    match app.payments.create(new.amount, &new.currency).await {
+    let created = app
+        .payments
+        .create(new.amount, &new.currency, &extensions)
+        .await;
+    // The crash window between the charge and its record: in the transactional mode the
+    // charge is written but not committed yet; in the separate mode it is committed and the
+    // key not yet completed.
+    if !app.config.delay_after_charge.is_zero() {
+        tracing::info!(
+            delay = ?app.config.delay_after_charge,
+            "charge written; answering after PAYMENTS_DELAY_AFTER_CHARGE_MS"
+        );
+        tokio::time::sleep(app.config.delay_after_charge).await;
+    }
+    match created {
         Ok(payment) => {
             let location = format!("/payments/{}", payment.id);
             let mut response = with_etag(StatusCode::CREATED, &payment);
@@ -101,6 +116,7 @@ pub async fn update(
     State(app): State<App>,
     Path(id): Path<String>,
     RequireIfMatch(preconditions): RequireIfMatch,
+    extensions: Extensions,
     body: Bytes,
 ) -> Response {
     let change: StatusChange = match serde_json::from_slice(&body) {
@@ -119,7 +135,7 @@ pub async fn update(
     }
     let outcome = match app
         .payments
-        .set_status(&id, preconditions.expected(), &change.status)
+        .set_status(&id, preconditions.expected(), &change.status, &extensions)
         .await
     {
         Ok(outcome) => outcome,

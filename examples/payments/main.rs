@@ -25,7 +25,7 @@ use axum::{
     routing::{get, post},
     Router,
 };
-use tower_idempotency::{store::spawn_purger, Engine, IdempotencyLayer};
+use tower_idempotency::store::spawn_purger;
 
 use crate::config::Config;
 
@@ -67,14 +67,7 @@ async fn run() -> Result<(), backends::Error> {
 
     // Keys are scoped by caller (the `Authorization` header); `require_caller` answers 401
     // before the layer sees a request without one.
-    let engine = Engine::builder_shared(backends.idempotency.clone())
-        .lease(config.lease)
-        // Short leases (tests set 1 s) need a store timeout short enough for two failed
-        // renewals to fit in one lease; `build` refuses anything else.
-        .store_timeout(Duration::from_secs(5).min(config.lease / 5))
-        .retention(config.retention)
-        .build()?;
-    let idempotency = IdempotencyLayer::from_engine(engine).enabled(!config.idempotency_disabled);
+    let idempotency = backends.layer.enabled(!config.idempotency_disabled);
 
     // Kept to wait for detached handlers at shutdown.
     let engine = idempotency.engine().clone();

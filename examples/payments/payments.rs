@@ -19,8 +19,16 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 #[async_trait]
 pub trait Payments: Send + Sync {
     /// Records one charge and the payment it created: a plain INSERT, no uniqueness on any
-    /// idempotency key — preventing doubles is the layer's job.
-    async fn create(&self, amount: i64, currency: &str) -> Result<Payment, Error>;
+    /// idempotency key — preventing doubles is the layer's job. In the transactional mode
+    /// the writes go into the transaction the layer lent to this request (found in
+    /// `extensions`), which commits them together with the stored response; otherwise they
+    /// commit on their own.
+    async fn create(
+        &self,
+        amount: i64,
+        currency: &str,
+        extensions: &http::Extensions,
+    ) -> Result<Payment, Error>;
     async fn get(&self, id: &str) -> Result<Option<Payment>, Error>;
     /// Sets the status if the payment is still at a version `expected` accepts: ONE
     /// compare-and-set (`update_if_version`), no read before it. A lost race comes back as
@@ -30,6 +38,7 @@ pub trait Payments: Send + Sync {
         id: &str,
         expected: Expected,
         status: &str,
+        extensions: &http::Extensions,
     ) -> Result<VersionedUpdate<Payment>, Error>;
     /// How many charges were recorded.
     async fn charges(&self) -> Result<u64, Error>;
@@ -56,7 +65,12 @@ pub struct MemoryPayments {
 
 #[async_trait]
 impl Payments for MemoryPayments {
-    async fn create(&self, amount: i64, currency: &str) -> Result<Payment, Error> {
+    async fn create(
+        &self,
+        amount: i64,
+        currency: &str,
+        _extensions: &http::Extensions,
+    ) -> Result<Payment, Error> {
         let payment = Payment::pending(amount, currency);
         // Ids are random, so this never meets an existing one; the map's own version starts
         // at 1 like the payment's.
@@ -73,6 +87,7 @@ impl Payments for MemoryPayments {
         id: &str,
         expected: Expected,
         status: &str,
+        _extensions: &http::Extensions,
     ) -> Result<VersionedUpdate<Payment>, Error> {
         Ok(self
             .rows

@@ -13,8 +13,11 @@
 use std::sync::LazyLock;
 
 use async_trait::async_trait;
-use sqlx::{MySqlPool, PgPool, SqlitePool};
-use tower_idempotency::version::{Expected, VersionedTable, VersionedUpdate};
+use sqlx::{MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
+use tower_idempotency::{
+    transactional::{TxGuard, TxSlot},
+    version::{Expected, VersionedTable, VersionedUpdate},
+};
 
 use crate::payments::{Error, Payment, Payments};
 
@@ -90,6 +93,46 @@ macro_rules! with_pool {
     };
 }
 
+/// The transaction the idempotency layer lent to this request, locked for our queries.
+enum Lent {
+    Postgres(TxGuard<Postgres>),
+    MySql(TxGuard<MySql>),
+    Sqlite(TxGuard<Sqlite>),
+}
+
+/// Runs `$body` with `$tx` bound to the lent transaction, whatever its database.
+macro_rules! with_lent {
+    ($lent:expr, $tx:ident => $body:expr) => {
+        match $lent {
+            Lent::Postgres(mut $tx) => $body,
+            Lent::MySql(mut $tx) => $body,
+            Lent::Sqlite(mut $tx) => $body,
+        }
+    };
+}
+
+impl Lent {
+    /// The lent transaction in `extensions`, if the layer runs in the transactional mode.
+    async fn find(
+        payments: &SqlPayments,
+        extensions: &http::Extensions,
+    ) -> Result<Option<Self>, Error> {
+        async fn lock<DB: sqlx::Database>(
+            extensions: &http::Extensions,
+        ) -> Result<Option<TxGuard<DB>>, Error> {
+            match extensions.get::<TxSlot<DB>>() {
+                Some(slot) => Ok(Some(slot.lock().await?)),
+                None => Ok(None),
+            }
+        }
+        Ok(match payments {
+            SqlPayments::Postgres(_) => lock(extensions).await?.map(Self::Postgres),
+            SqlPayments::MySql(_) => lock(extensions).await?.map(Self::MySql),
+            SqlPayments::Sqlite(_) => lock(extensions).await?.map(Self::Sqlite),
+        })
+    }
+}
+
 impl SqlPayments {
     /// The database's name, for the startup log.
     pub fn database(&self) -> &'static str {
@@ -143,28 +186,46 @@ impl SqlPayments {
 
 #[async_trait]
 impl Payments for SqlPayments {
-    async fn create(&self, amount: i64, currency: &str) -> Result<Payment, Error> {
+    async fn create(
+        &self,
+        amount: i64,
+        currency: &str,
+        extensions: &http::Extensions,
+    ) -> Result<Payment, Error> {
         let payment = Payment::pending(amount, currency);
         let charge_id = format!("ch_{:016x}", rand::random::<u64>());
         let (insert_payment, insert_charge) = (self.sql(&INSERT_PAYMENT), self.sql(&INSERT_CHARGE));
-        // One transaction: a payment without its charge (or the reverse) never exists.
+        // The two INSERTs, on whichever connection `$conn` is.
+        macro_rules! write_charge {
+            ($conn:expr) => {{
+                sqlx::query(insert_payment)
+                    .bind(&payment.id)
+                    .bind(payment.amount)
+                    .bind(&payment.currency)
+                    .bind(&payment.status)
+                    .bind(payment.version)
+                    .execute(&mut *$conn)
+                    .await?;
+                sqlx::query(insert_charge)
+                    .bind(&charge_id)
+                    .bind(&payment.id)
+                    .bind(payment.amount)
+                    .bind(&payment.currency)
+                    .execute(&mut *$conn)
+                    .await?;
+            }};
+        }
+        // Transactional mode: the layer's transaction, which commits the charge together with
+        // the stored response (or not at all).
+        if let Some(lent) = Lent::find(self, extensions).await? {
+            with_lent!(lent, tx => write_charge!(tx));
+            return Ok(payment);
+        }
+        // Separate mode: one transaction of our own, so a payment without its charge (or the
+        // reverse) never exists.
         with_pool!(self, pool => {
             let mut tx = pool.begin().await?;
-            sqlx::query(insert_payment)
-                .bind(&payment.id)
-                .bind(payment.amount)
-                .bind(&payment.currency)
-                .bind(&payment.status)
-                .bind(payment.version)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(insert_charge)
-                .bind(&charge_id)
-                .bind(&payment.id)
-                .bind(payment.amount)
-                .bind(&payment.currency)
-                .execute(&mut *tx)
-                .await?;
+            write_charge!(tx);
             tx.commit().await?;
         });
         Ok(payment)
@@ -189,8 +250,17 @@ impl Payments for SqlPayments {
         id: &str,
         expected: Expected,
         status: &str,
+        extensions: &http::Extensions,
     ) -> Result<VersionedUpdate<Payment>, Error> {
-        // One UPDATE .. SET status = ?, version = version + 1 WHERE id = ? AND version IN (..).
+        // One UPDATE .. SET status = ?, version = version + 1 WHERE id = ? AND version IN (..),
+        // in the layer's transaction when there is one (it commits with the stored answer).
+        if let Some(lent) = Lent::find(self, extensions).await? {
+            return Ok(with_lent!(lent, tx => PAYMENTS
+                .update_if_version_returning(&mut *tx, id, expected, |set| {
+                    set.value("status", status.to_owned());
+                })
+                .await?));
+        }
         let outcome = with_pool!(self, pool => {
             PAYMENTS
                 .update_if_version_returning(pool, id, expected, |set| {

@@ -33,10 +33,10 @@ mod builder;
 mod claim;
 mod config;
 mod error;
-mod in_flight;
+pub(crate) mod in_flight;
 mod renewal;
 mod status;
-mod waiters;
+pub(crate) mod waiters;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -58,7 +58,7 @@ use waiters::Seen;
 
 /// A store error seen by the key's shared watch, handed to each of its waiters.
 #[derive(Debug)]
-struct SharedError(Arc<StoreError>);
+pub(crate) struct SharedError(pub(crate) Arc<StoreError>);
 
 impl std::fmt::Display for SharedError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,9 +78,9 @@ impl std::error::Error for SharedError {
 #[derive(Clone)]
 pub struct Engine {
     store: Arc<dyn Store>,
-    config: Arc<EngineConfig>,
-    waiters: Arc<waiters::Waiters>,
-    in_flight: Arc<in_flight::InFlight>,
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) waiters: Arc<waiters::Waiters>,
+    pub(crate) in_flight: Arc<in_flight::InFlight>,
 }
 
 /// What [`Engine::begin`] decided.
@@ -169,6 +169,11 @@ impl Engine {
         tokio::time::timeout(after, call)
             .await
             .unwrap_or(Err(StoreError::Timeout { after }))
+    }
+
+    /// The delay suggested to callers told to come back later.
+    pub(crate) fn retry_after_delay(&self) -> Duration {
+        self.config.retry_after
     }
 
     /// How many claims this engine (and its clones) holds right now: operations running, or
@@ -346,6 +351,7 @@ impl Engine {
             };
             let decided = match seen {
                 Seen::Record(record) => self.existing(&key, &fingerprint, record)?,
+                Seen::Busy => None,
                 // Released or expired: whoever claims next runs it — maybe us.
                 Seen::Absent => self.claim(&key, &fingerprint).await?,
                 Seen::Failed(error) => {
@@ -381,13 +387,13 @@ impl Engine {
         }
     }
 
-    fn still_running(&self) -> EngineError {
+    pub(crate) fn still_running(&self) -> EngineError {
         EngineError::InProgress {
             retry_after: self.config.retry_after,
         }
     }
 
-    fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
+    pub(crate) fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
         tracing::warn!(key = %key.log_id(), error = %source, "idempotency store unavailable");
         EngineError::Store {
             retry_after: self.config.retry_after,

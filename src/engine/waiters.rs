@@ -29,6 +29,9 @@ pub(crate) enum Seen {
     Record(Record),
     /// No live record: released, or its lease ran out.
     Absent,
+    /// No committed record, but a transaction holds the key right now (the transactional
+    /// mode: its record becomes visible when it commits).
+    Busy,
     /// The lookup failed.
     Failed(Arc<StoreError>),
 }

@@ -36,6 +36,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub struct IdempotencyLayer {
     pub(crate) engine: Engine,
     pub(crate) config: Arc<Config>,
+    /// Set in the transactional mode: claims, runs and records in one transaction.
+    #[cfg(feature = "sqlx")]
+    pub(crate) transactional: Option<super::transactional::SharedTxMode>,
 }
 
 pub(crate) type RejectionFn = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
@@ -100,7 +103,41 @@ impl IdempotencyLayer {
         Self {
             engine,
             config: Arc::default(),
+            #[cfg(feature = "sqlx")]
+            transactional: None,
         }
+    }
+
+    /// A layer in the transactional mode: the claim, the handler's own database writes and
+    /// the stored response commit in ONE transaction, so a crash at any instant leaves either
+    /// nothing (the retry runs once) or the effect with its stored response (the retry
+    /// replays). The handler gets the transaction through the request's extensions
+    /// ([`TxSlot`](crate::transactional::TxSlot); with the `axum` feature the
+    /// [`Tx`](crate::transactional::Tx) extractor). See the [`transactional`](crate::transactional)
+    /// module for the guarantees and what differs from the separate mode:
+    ///
+    /// - a response that is not stored (5xx, 408, 409, 425, 429, [`DoNotStore`](super::DoNotStore),
+    ///   an error or a panic) rolls back the handler's writes too;
+    /// - the response body is read before the commit, so the client only ever sees an answer
+    ///   whose record committed; a failed commit answers 503 `not-committed`;
+    /// - requests without a key (where the key is optional) still get a transaction,
+    ///   committed or rolled back by the same rule, but nothing is recorded for them;
+    /// - the lease is not needed to recover from a crash; it bounds how long an owner's
+    ///   transaction may stay idle where the database enforces that (PostgreSQL).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// use tower_idempotency::{store::PostgresStore, transactional::Transactional, IdempotencyLayer};
+    /// let layer = IdempotencyLayer::transactional(Transactional::new(PostgresStore::new(pool)));
+    /// # }
+    /// ```
+    #[cfg(feature = "sqlx")]
+    pub fn transactional<S: crate::transactional::TransactionalStore>(
+        mode: crate::transactional::Transactional<S>,
+    ) -> Self {
+        let mut layer = Self::from_engine(mode.engine().clone());
+        layer.transactional = Some(Arc::new(mode));
+        layer
     }
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {

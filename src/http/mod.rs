@@ -2,6 +2,8 @@
 //! module knows about HTTP.
 
 mod body;
+#[cfg(feature = "sqlx")]
+mod collect;
 mod detach;
 mod fingerprint;
 mod key;
@@ -12,6 +14,8 @@ mod replay;
 mod scope;
 mod service;
 mod tee;
+#[cfg(feature = "sqlx")]
+mod transactional;
 
 pub use body::ResponseBody;
 pub use key::{InvalidKey, MAX_KEY_LEN};

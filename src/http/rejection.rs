@@ -25,6 +25,8 @@ use crate::problem::Problem;
 /// | [`StoreUnavailable`](Self::StoreUnavailable) | 503 + `Retry-After` | `urn:tower-idempotency:store-unavailable` |
 /// | [`HandlerPanicked`](Self::HandlerPanicked) | 500 | `urn:tower-idempotency:handler-panicked` |
 /// | [`ResponseBodyFailed`](Self::ResponseBodyFailed) | 500 | `urn:tower-idempotency:response-body-failed` |
+/// | [`NotCommitted`](Self::NotCommitted) | 503 + `Retry-After` | `urn:tower-idempotency:not-committed` |
+/// | [`TransactionHeld`](Self::TransactionHeld) | 500 | `urn:tower-idempotency:transaction-held` |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Rejection {
@@ -68,6 +70,15 @@ pub enum Rejection {
     /// so a body that fails mid-stream reaches the caller as a broken body (and the key is
     /// released). Kept for custom renderers that match on it.
     ResponseBodyFailed,
+    /// Transactional mode: the handler ran, but its transaction (its writes, the claim and the
+    /// response) could not be committed, so nothing of it persists. A retry runs it again.
+    NotCommitted {
+        /// Suggested delay before retrying.
+        retry_after: Duration,
+    },
+    /// Transactional mode: the handler still held the transaction after it answered (it kept
+    /// the guard, or a task it spawned did), so nothing was committed.
+    TransactionHeld,
 }
 
 impl Rejection {
@@ -79,9 +90,9 @@ impl Rejection {
     /// The suggested `Retry-After` delay, for rejections a retry can cure.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Rejection::InProgress { retry_after } | Rejection::StoreUnavailable { retry_after } => {
-                Some(*retry_after)
-            }
+            Rejection::InProgress { retry_after }
+            | Rejection::StoreUnavailable { retry_after }
+            | Rejection::NotCommitted { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -150,6 +161,18 @@ impl Rejection {
                 "urn:tower-idempotency:response-body-failed",
                 "Internal error",
                 "the response could not be produced; it was not recorded, so retrying with the same key runs it again".to_owned(),
+            ),
+            Rejection::NotCommitted { retry_after } => (
+                S::SERVICE_UNAVAILABLE,
+                "urn:tower-idempotency:not-committed",
+                "Request not committed",
+                format!("the request ran but its transaction could not be committed, so nothing of it persists; retry in {} s with the same key", retry_after_secs(*retry_after)),
+            ),
+            Rejection::TransactionHeld => (
+                S::INTERNAL_SERVER_ERROR,
+                "urn:tower-idempotency:transaction-held",
+                "Internal error",
+                "the request failed and nothing of it was committed, so retrying with the same key runs it again".to_owned(),
             ),
         };
         Problem::new(status, type_uri, title).detail(detail)

@@ -16,6 +16,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 use tracing::Instrument;
 
+#[cfg(feature = "sqlx")]
+use super::transactional::{self, HttpBegin};
 use super::{
     body::{self, ResponseBody},
     detach::DetachOnDrop,
@@ -139,21 +141,38 @@ where
             // Without a key there is nothing to deduplicate on: run unprotected rather than
             // under some shared key.
             Ok(None) if !config.key_required => {
-                return ResponseFuture::passthrough(self.inner.call(request))
+                #[cfg(feature = "sqlx")]
+                if let Some(mode) = self.layer.transactional.clone() {
+                    let inner = take_ready(&mut self.inner);
+                    let (config, retry_after) =
+                        (config.clone(), self.layer.engine.retry_after_delay());
+                    return ResponseFuture::protected(Box::pin(unkeyed(
+                        inner,
+                        mode,
+                        request,
+                        config,
+                        retry_after,
+                    )));
+                }
+                return ResponseFuture::passthrough(self.inner.call(request));
             }
             Ok(None) => return ResponseFuture::rejected(config, Rejection::MissingKey),
             Err(invalid) => {
                 return ResponseFuture::rejected(config, Rejection::InvalidKey(invalid))
             }
         };
-        // Take the service that was driven to readiness; leave a fresh clone in its place.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         ResponseFuture::protected(Box::pin(protect(inner, self.layer.clone(), key, request)))
     }
 }
 
-fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
+/// Takes the service that was driven to readiness, leaving a fresh clone in its place.
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
+pub(super) fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
     (config.rejection)(rejection).map(body::full)
 }
 
@@ -194,6 +213,36 @@ where
             config.detached.clone(),
             arrived + config.max_handler_lifetime,
         );
+        #[cfg(feature = "sqlx")]
+        if let Some(mode) = layer.transactional.clone() {
+            let retry_after = engine.retry_after_delay();
+            let claim_and_run = async move {
+                let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
+                    Ok(Some(HttpBegin::Run(owner))) => (owner, inner),
+                    Ok(Some(HttpBegin::Replay(payload))) => return Ok(replay(&config, payload)),
+                    Ok(None) => {
+                        // As in the separate mode: a waiting duplicate holds no readied service.
+                        let unreadied = inner.clone();
+                        drop(inner);
+                        match mode.wait_for(key, fingerprint).await {
+                            Ok(HttpBegin::Run(owner)) => match ready(unreadied).await {
+                                Ok(inner) => (owner, inner),
+                                Err(error) => {
+                                    owner.rollback().await;
+                                    return Err(error);
+                                }
+                            },
+                            Ok(HttpBegin::Replay(payload)) => return Ok(replay(&config, payload)),
+                            Err(error) => return Ok(render(&config, rejection_for(error))),
+                        }
+                    }
+                    Err(error) => return Ok(render(&config, rejection_for(error))),
+                };
+                let request = Request::from_parts(parts, ReqBody::from(body));
+                transactional::execute(inner, owner, request, config, retry_after).await
+            };
+            return run_detachable(claim_and_run, detach, slots, deadline).await;
+        }
         // From the claim on, the work is detachable: a client hanging up while the claim is
         // in flight must not leave a claim behind that nobody completes or releases.
         let claim_and_run = async move {
@@ -224,13 +273,7 @@ where
             request.extensions_mut().insert(claim.status());
             execute(inner, claim, request, config).await
         };
-        if detach {
-            // If the client hangs up, the rest finishes (and records) in its own task, within
-            // the detached-handler limits.
-            DetachOnDrop::new(claim_and_run.in_current_span(), slots, deadline).await
-        } else {
-            claim_and_run.await
-        }
+        run_detachable(claim_and_run, detach, slots, deadline).await
     }
     .instrument(span)
     .await
@@ -243,6 +286,47 @@ where
 {
     std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
     Ok(service)
+}
+
+/// Drives the owner's work; with `detach`, a client hanging up moves the rest of it to a task
+/// of its own, where it finishes and records its outcome, within the detached-handler limits
+/// (`slots`, and `deadline` for its whole life).
+async fn run_detachable<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+    detach: bool,
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    deadline: tokio::time::Instant,
+) -> T {
+    if detach {
+        DetachOnDrop::new(work.in_current_span(), slots, deadline).await
+    } else {
+        work.await
+    }
+}
+
+/// Transactional mode, a request without a key: no claim, but the handler still gets a
+/// transaction, committed with its answer or rolled back by the same rule.
+#[cfg(feature = "sqlx")]
+async fn unkeyed<S, ReqBody, ResBody>(
+    inner: S,
+    mode: transactional::SharedTxMode,
+    request: Request<ReqBody>,
+    config: std::sync::Arc<Config>,
+    retry_after: std::time::Duration,
+) -> Result<Response<ResponseBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let deadline = tokio::time::Instant::now() + config.max_handler_lifetime;
+    let (detach, slots) = (config.detach, config.detached.clone());
+    let owner = mode.begin_unkeyed();
+    let work = transactional::execute(inner, owner, request, config, retry_after);
+    run_detachable(work, detach, slots, deadline).await
 }
 
 /// Reads the request body for the fingerprint, refusing bodies over `limit` before they are

@@ -38,16 +38,16 @@ mod error;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purger;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sqlx")]
-mod sql;
+pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod sqlite;
 #[cfg(feature = "sqlx")]
 mod table_name;
 

@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sqlx::mysql::{MySqlDatabaseError, MySqlPool, MySqlQueryResult};
+use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
 use super::{sql, InvalidTableName, Store, StoreError, TableName};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
@@ -29,6 +29,9 @@ const MAX_DURATION: Duration = Duration::from_secs(1000 * 366 * 24 * 3600);
 
 /// InnoDB's "Deadlock found when trying to get lock".
 const ER_LOCK_DEADLOCK: u16 = 1213;
+
+/// InnoDB's "Lock wait timeout exceeded": with a zero wait, "another transaction holds it".
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 
 /// A [`Store`] in a MySQL or MariaDB table, on a sqlx [`MySqlPool`]. Clones share the pool.
 ///
@@ -93,7 +96,9 @@ struct Statements {
     table: TableName,
     schema: String,
     claim: String,
+    claim_nowait: String,
     read: String,
+    probe: String,
     held: String,
     renew: String,
     complete: String,
@@ -120,25 +125,37 @@ impl Statements {
         );
         let expired = format!("expires_at <= {NOW}");
         let fence = format!("scope = ? AND `key` = ? AND token = ? AND expires_at > {NOW}");
+        // On a duplicate, every column keeps its value unless the existing record has
+        // expired. MySQL evaluates the assignments left to right and a later IF() sees the
+        // columns already assigned, so expires_at, which the test reads, is assigned
+        // last: every IF() sees the original expiry. VALUES() rather than the 8.0.19 row
+        // alias, which MariaDB does not parse.
+        let claim = format!(
+            "INSERT INTO {t} (scope, `key`, fingerprint, token, payload, expires_at) \
+             VALUES (?, ?, ?, ?, NULL, {NOW} + INTERVAL ? MICROSECOND) \
+             ON DUPLICATE KEY UPDATE \
+             fingerprint = IF({expired}, VALUES(fingerprint), fingerprint), \
+             token = IF({expired}, VALUES(token), token), \
+             payload = IF({expired}, NULL, payload), \
+             expires_at = IF({expired}, VALUES(expires_at), expires_at)"
+        );
         Self {
             schema,
-            // On a duplicate, every column keeps its value unless the existing record has
-            // expired. MySQL evaluates the assignments left to right and a later IF() sees the
-            // columns already assigned, so expires_at, which the test reads, is assigned
-            // last: every IF() sees the original expiry. VALUES() rather than the 8.0.19 row
-            // alias, which MariaDB does not parse.
-            claim: format!(
-                "INSERT INTO {t} (scope, `key`, fingerprint, token, payload, expires_at) \
-                 VALUES (?, ?, ?, ?, NULL, {NOW} + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE \
-                 fingerprint = IF({expired}, VALUES(fingerprint), fingerprint), \
-                 token = IF({expired}, VALUES(token), token), \
-                 payload = IF({expired}, NULL, payload), \
-                 expires_at = IF({expired}, VALUES(expires_at), expires_at)"
-            ),
+            // MariaDB's per-statement setting (10.3+): with a zero lock wait, an uncommitted
+            // claim of another transaction makes the insert fail at once (1205) instead of
+            // holding this connection until that transaction ends.
+            claim_nowait: format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"),
+            claim,
             read: format!(
                 "SELECT fingerprint, token, payload FROM {t} \
                  WHERE scope = ? AND `key` = ? AND expires_at > {NOW}"
+            ),
+            // A locking read that refuses to wait: it fails (1205) exactly when another
+            // transaction holds the row, e.g. a transactional owner's uncommitted claim. In
+            // autocommit the shared lock ends with the statement. MariaDB syntax (10.3+).
+            probe: format!(
+                "SELECT fingerprint, payload FROM {t} \
+                 WHERE scope = ? AND `key` = ? AND expires_at > {NOW} LOCK IN SHARE MODE NOWAIT"
             ),
             held: format!("SELECT 1 FROM {t} WHERE {fence}"),
             renew: format!(
@@ -308,17 +325,158 @@ impl MySqlStore {
     }
 
     /// The live row under `key`: fingerprint, token (NULL once completed), payload.
-    async fn read(&self, key: &StoreKey) -> Result<Option<LiveRow>, StoreError> {
+    async fn read<'e>(
+        &self,
+        executor: impl sqlx::Executor<'e, Database = sqlx::MySql>,
+        key: &StoreKey,
+    ) -> Result<Option<LiveRow>, StoreError> {
         sqlx::query_as(&self.sql.read)
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
-            .fetch_optional(&self.pool)
+            .fetch_optional(executor)
             .await
             .map_err(|err| sql::backend(BACKEND, err))
+    }
+
+    /// The claim on one connection, in autocommit (separate mode) or inside the caller's
+    /// transaction (transactional mode, with [`Wait::Never`]: `Ok(None)` then means another
+    /// transaction holds the key's row lock right now).
+    ///
+    /// Who won is decided by the one `INSERT .. ON DUPLICATE KEY UPDATE`; telling the caller
+    /// needs care, because its affected-rows count depends on CLIENT_FOUND_ROWS:
+    ///
+    /// | row was             | without the flag | with it (sqlx always sets it) |
+    /// |---------------------|------------------|-------------------------------|
+    /// | absent: inserted    | 1                | 1                             |
+    /// | expired: taken over | 2                | 2                             |
+    /// | live: left alone    | 0                | 1                             |
+    ///
+    /// 2 means a takeover in both modes: done in one round trip. Anything else is settled by
+    /// reading the live row and comparing its token with ours. The statement writes our fresh
+    /// random token exactly when we win and nobody else can ever write it, so "the stored
+    /// token is ours" proves we won; the read cannot turn a loss into a win. The one thing
+    /// that can happen between the two statements is that the winner's record moves on
+    /// (completed, released, or, with a lease shorter than a round trip, taken over): then we
+    /// report what is there now, or claim again if nothing is, as any later claim would.
+    /// This costs a fresh key a second (primary-key) read, but needs neither a transaction
+    /// holding a row lock across round trips nor tricks with LAST_INSERT_ID() whose effect on
+    /// the OK packet differs between server versions.
+    pub(crate) async fn claim_on(
+        &self,
+        conn: &mut MySqlConnection,
+        wait: Wait,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        check_width(key)?;
+        let lease = micros(lease)?;
+        let statement = match wait {
+            Wait::Queue => &self.sql.claim,
+            Wait::Never => &self.sql.claim_nowait,
+        };
+        for _ in 0..CLAIM_ATTEMPTS {
+            let token = Token::random();
+            let result = sqlx::query(statement)
+                .bind(key.scope().as_bytes())
+                .bind(key.key().as_bytes())
+                .bind(&fingerprint.as_bytes()[..])
+                .bind(&token.to_bytes()[..])
+                .bind(lease)
+                .execute(&mut *conn)
+                .await;
+            let rows = match result {
+                Ok(done) => done.rows_affected(),
+                Err(err) if is_lock_conflict(&err, ER_LOCK_WAIT_TIMEOUT) => return Ok(None),
+                // A deadlock victim's transaction is rolled back whole: inside a caller's
+                // transaction there is nothing to retry on, so it counts as busy.
+                Err(err) if is_lock_conflict(&err, ER_LOCK_DEADLOCK) => match wait {
+                    Wait::Queue => continue,
+                    Wait::Never => return Ok(None),
+                },
+                Err(err) => return Err(backend(err)),
+            };
+            if rows == 2 {
+                return Ok(Some(ClaimOutcome::Claimed(token)));
+            }
+            let Some((fingerprint, stored, payload)) = self.read(&mut *conn, key).await? else {
+                continue;
+            };
+            if let Some(stored) = stored {
+                if sql::decode_token(BACKEND, &stored)? == token {
+                    return Ok(Some(ClaimOutcome::Claimed(token)));
+                }
+            }
+            return sql::decode_record(BACKEND, &fingerprint, payload)
+                .map(|record| Some(ClaimOutcome::Existing(record)));
+        }
+        Err(StoreError::backend(
+            BACKEND,
+            "a claim kept deadlocking or losing to records that vanished before they could be read",
+        ))
+    }
+
+    /// Completes the claim held by `token` on `conn` (autocommit, or the caller's
+    /// transaction).
+    pub(crate) async fn complete_on(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(&self.sql.complete)
+            .bind(payload.as_ref())
+            .bind(micros(retention)?)
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .bind(&token.to_bytes()[..])
+            .execute(conn)
+            .await
+            .map_err(backend)?;
+        sql::fenced(result.rows_affected())
+    }
+
+    /// The committed live record under `key`, or `None` when there is none or another
+    /// transaction holds the key right now (`busy`), without waiting for that transaction.
+    pub(crate) async fn probe(
+        &self,
+        key: &StoreKey,
+    ) -> Result<Result<Option<Record>, Busy>, StoreError> {
+        let row: Result<Option<RecordRow>, _> = sqlx::query_as(&self.sql.probe)
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .fetch_optional(&self.pool)
+            .await;
+        match row {
+            Ok(row) => row
+                .map(|(fingerprint, payload)| sql::decode_record(BACKEND, &fingerprint, payload))
+                .transpose()
+                .map(Ok),
+            Err(err) if is_lock_conflict(&err, ER_LOCK_WAIT_TIMEOUT) => Ok(Err(Busy)),
+            Err(err) => Err(backend(err)),
+        }
     }
 }
 
 type LiveRow = (Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// A live record's fingerprint and payload (NULL while in progress).
+type RecordRow = (Vec<u8>, Option<Vec<u8>>);
+
+/// Whether a claim may queue behind another transaction's lock on the key's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Autocommit claims hold a row lock for one statement: queueing is brief.
+    Queue,
+    /// Inside a transaction the lock lasts as long as its owner runs: fail at once instead.
+    Never,
+}
+
+/// Another transaction holds the key right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Busy;
 
 impl std::fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -355,11 +513,11 @@ fn micros(duration: Duration) -> Result<i64, StoreError> {
     Ok(sql::millis(duration)? * 1000)
 }
 
-fn is_deadlock(error: &sqlx::Error) -> bool {
+fn is_lock_conflict(error: &sqlx::Error, number: u16) -> bool {
     error
         .as_database_error()
         .and_then(|db| db.try_downcast_ref::<MySqlDatabaseError>())
-        .is_some_and(|db| db.number() == ER_LOCK_DEADLOCK)
+        .is_some_and(|db| db.number() == number)
 }
 
 fn backend(error: sqlx::Error) -> StoreError {
@@ -393,40 +551,14 @@ impl Store for MySqlStore {
         fingerprint: &Fingerprint,
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        check_width(key)?;
-        let lease = micros(lease)?;
-        for _ in 0..CLAIM_ATTEMPTS {
-            let token = Token::random();
-            let result = sqlx::query(&self.sql.claim)
-                .bind(key.scope().as_bytes())
-                .bind(key.key().as_bytes())
-                .bind(&fingerprint.as_bytes()[..])
-                .bind(&token.to_bytes()[..])
-                .bind(lease)
-                .execute(&self.pool)
-                .await;
-            let rows = match result {
-                Ok(done) => done.rows_affected(),
-                Err(err) if is_deadlock(&err) => continue,
-                Err(err) => return Err(backend(err)),
-            };
-            if rows == 2 {
-                return Ok(ClaimOutcome::Claimed(token));
-            }
-            let Some((fingerprint, stored, payload)) = self.read(key).await? else {
-                continue;
-            };
-            if let Some(stored) = stored {
-                if sql::decode_token(BACKEND, &stored)? == token {
-                    return Ok(ClaimOutcome::Claimed(token));
-                }
-            }
-            return sql::decode_record(BACKEND, &fingerprint, payload).map(ClaimOutcome::Existing);
-        }
-        Err(StoreError::backend(
-            BACKEND,
-            "a claim kept deadlocking or losing to records that vanished before they could be read",
-        ))
+        // Both statements on one connection: one pool checkout per claim.
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let claimed = self
+            .claim_on(&mut conn, Wait::Queue, key, fingerprint, lease)
+            .await?;
+        claimed.ok_or_else(|| {
+            StoreError::backend(BACKEND, "a claim that may wait reported a busy lock")
+        })
     }
 
     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
@@ -458,16 +590,9 @@ impl Store for MySqlStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(&self.sql.complete)
-            .bind(payload.as_ref())
-            .bind(micros(retention)?)
-            .bind(key.scope().as_bytes())
-            .bind(key.key().as_bytes())
-            .bind(&token.to_bytes()[..])
-            .execute(&self.pool)
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        self.complete_on(&mut conn, key, token, payload, retention)
             .await
-            .map_err(backend)?;
-        sql::fenced(result.rows_affected())
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
@@ -482,7 +607,7 @@ impl Store for MySqlStore {
     }
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
-        self.read(key)
+        self.read(&self.pool, key)
             .await?
             .map(|(fingerprint, _, payload)| sql::decode_record(BACKEND, &fingerprint, payload))
             .transpose()

@@ -7,7 +7,9 @@ use std::{path::Path, str::FromStr, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+};
 
 use super::{sql, InvalidTableName, Store, StoreError, TableName};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
@@ -403,10 +405,12 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
-    async fn claim(
+impl SqliteStore {
+    /// The claim on one connection: in autocommit (separate mode), or inside the caller's
+    /// transaction (transactional mode), which then holds the database's write lock.
+    pub(crate) async fn claim_on(
         &self,
+        conn: &mut SqliteConnection,
         key: &StoreKey,
         fingerprint: &Fingerprint,
         lease: Duration,
@@ -423,15 +427,15 @@ impl Store for SqliteStore {
                 .bind(&fingerprint.as_bytes()[..])
                 .bind(&token.to_bytes()[..])
                 .bind(lease)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *conn)
                 .await
-                .map_err(|err| sql::backend(BACKEND, err))?;
+                .map_err(backend)?;
             if !won.is_empty() {
                 return Ok(ClaimOutcome::Claimed(token));
             }
             // The insert decided we lost; reading what won cannot change that. If it is gone
             // by now (released, or it expired and was purged), the key is free again: retry.
-            if let Some(record) = self.lookup(key).await? {
+            if let Some(record) = self.lookup_on(&mut *conn, key).await? {
                 return Ok(ClaimOutcome::Existing(record));
             }
         }
@@ -439,6 +443,60 @@ impl Store for SqliteStore {
             BACKEND,
             "a claim kept losing to records that vanished before they could be read",
         ))
+    }
+
+    /// Completes the claim held by `token` through `executor` (the pool, or the caller's
+    /// transaction).
+    pub(crate) async fn complete_on<'e>(
+        &self,
+        executor: impl sqlx::Executor<'e, Database = sqlx::Sqlite>,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(&self.sql.complete)
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(&token.to_bytes()[..])
+            .bind(payload.as_ref())
+            .bind(sql::millis(retention)?)
+            .execute(executor)
+            .await;
+        Self::fenced(result)
+    }
+
+    /// The live record under `key`, read through `executor`.
+    pub(crate) async fn lookup_on<'e>(
+        &self,
+        executor: impl sqlx::Executor<'e, Database = sqlx::Sqlite>,
+        key: &StoreKey,
+    ) -> Result<Option<Record>, StoreError> {
+        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = sqlx::query_as(&self.sql.lookup)
+            .bind(key.scope())
+            .bind(key.key())
+            .fetch_optional(executor)
+            .await
+            .map_err(backend)?;
+        row.map(|(fingerprint, payload)| sql::decode_record(BACKEND, &fingerprint, payload))
+            .transpose()
+    }
+}
+
+fn backend(error: sqlx::Error) -> StoreError {
+    sql::backend(BACKEND, error)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        self.claim_on(&mut conn, key, fingerprint, lease).await
     }
 
     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
@@ -459,15 +517,8 @@ impl Store for SqliteStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(&self.sql.complete)
-            .bind(key.scope())
-            .bind(key.key())
-            .bind(&token.to_bytes()[..])
-            .bind(payload.as_ref())
-            .bind(sql::millis(retention)?)
-            .execute(&self.pool)
-            .await;
-        Self::fenced(result)
+        self.complete_on(&self.pool, key, token, payload, retention)
+            .await
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
@@ -481,14 +532,7 @@ impl Store for SqliteStore {
     }
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
-        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = sqlx::query_as(&self.sql.lookup)
-            .bind(key.scope())
-            .bind(key.key())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|err| sql::backend(BACKEND, err))?;
-        row.map(|(fingerprint, payload)| sql::decode_record(BACKEND, &fingerprint, payload))
-            .transpose()
+        self.lookup_on(&self.pool, key).await
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {

@@ -27,7 +27,7 @@ use tokio::{
 
 /// Every variable of the example's contract: cleared before a start, so that a
 /// `DATABASE_URL` in the developer's shell cannot leak into a test.
-const CONTRACT_VARS: [&str; 9] = [
+const CONTRACT_VARS: [&str; 11] = [
     "BIND",
     "DATABASE_URL",
     "REDIS_URL",
@@ -36,6 +36,8 @@ const CONTRACT_VARS: [&str; 9] = [
     "IDEMPOTENCY_DISABLED",
     "PAYMENTS_HANDLER_DELAY_MS",
     "PAYMENTS_FAIL_FIRST",
+    "PAYMENTS_DELAY_AFTER_CHARGE_MS",
+    "IDEMPOTENCY_MODE",
     "RUST_LOG",
 ];
 
@@ -298,7 +300,13 @@ impl Server {
     /// Waits up to a second for a log line containing `text` (the pipes are read by
     /// background tasks, so a line printed just now may not be there yet).
     pub async fn wait_for_log(&self, text: &str) -> Vec<String> {
-        for _ in 0..40 {
+        self.wait_for_log_within(text, Duration::from_secs(1)).await
+    }
+
+    /// Like [`wait_for_log`](Self::wait_for_log), with a patience of `limit`.
+    pub async fn wait_for_log_within(&self, text: &str, limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
             let lines = self.logs.lines();
             if lines.iter().any(|line| line.contains(text)) {
                 return lines;

@@ -1,0 +1,335 @@
+//! The transactional mode: the claim, the operation's own database writes and its stored
+//! outcome commit in ONE transaction.
+//!
+//! In the separate mode ([`Engine`]) the claim, the operation and the completion are three
+//! commits, so a process that dies after the operation committed and before the completion
+//! leaves an effect without a record, and when the lease ends a retry runs it again. Here the
+//! database referees the outcome as well as the race:
+//!
+//! 1. the request opens a transaction and claims the key inside it; a committed record is
+//!    replayed (the transaction, which wrote nothing, is rolled back), and a key that another
+//!    transaction holds right now is reported at once as busy, never waited for on a pooled
+//!    connection;
+//! 2. a busy key's duplicates wait without a connection: woken by an owner in their own
+//!    process, or looking again (one read, no transaction) with capped backoff;
+//! 3. the operation runs on that transaction;
+//! 4. its outcome is written into the claim row in the same transaction, which then commits.
+//!
+//! | the owner dies or fails ... | what persists | the retry |
+//! |---|---|---|
+//! | before its transaction commits (crash, kill -9, lost connection, panic, error) | nothing: the server rolls back | runs once |
+//! | after the commit | the effect and its stored outcome, together | replays |
+//!
+//! No lease is needed to recover from a crash: the database aborts a dead owner's transaction
+//! when its connection goes. An owner that hangs without dying is ended by the database where
+//! it can enforce an idle limit (PostgreSQL's `idle_in_transaction_session_timeout`, set to
+//! the engine's lease); elsewhere duplicates wait until their own limit and get "in progress".
+//! A stale owner can never commit effects after someone else took its key over: nobody can
+//! take the key over while its transaction is open.
+//!
+//! What the mode cannot cover: effects outside the database (a call to a card processor, an
+//! e-mail) are not rolled back with the transaction, so an attempt that fails after making one
+//! leaves it behind and the retry makes it again. Send those through an outbox written in
+//! the transaction, or use the separate mode.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use bytes::Bytes;
+//! use tower_idempotency::{
+//!     store::PostgresStore, transactional::Transactional, Fingerprint, StoreKey,
+//! };
+//!
+//! let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+//! let store = PostgresStore::new(pool);
+//! store.migrate().await?;
+//! let inbox = Transactional::new(store);
+//!
+//! let key = StoreKey::new("orders-queue", "message-81");
+//! let execution = inbox
+//!     .run_once(key, Fingerprint::of([b"message-81".as_slice()]), |tx| {
+//!         Box::pin(async move {
+//!             sqlx::query("UPDATE orders SET status = 'paid' WHERE id = 81")
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!             Ok::<_, sqlx::Error>(Bytes::from_static(b"paid"))
+//!         })
+//!     })
+//!     .await?;
+//! # let _ = execution; Ok(()) }
+//! ```
+
+#[cfg(feature = "axum")]
+mod axum;
+mod dialect;
+mod local;
+#[cfg(feature = "mysql")]
+mod mysql;
+mod owner;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod run;
+mod slot;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+#[cfg(feature = "axum")]
+pub use self::axum::{Tx, TxRejection};
+pub use dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
+pub use owner::{CommitError, TxOwner};
+pub use run::TxRunError;
+pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};
+
+use self::local::LocalOwnership;
+use crate::{
+    engine::{
+        waiters::{KeyWatch, Seen},
+        Engine, EngineError, InProgressPolicy, SharedError,
+    },
+    record::{Fingerprint, Record, StoreKey},
+    store::StoreError,
+};
+
+/// Runs operations at most once per key with their effects and their recorded outcome in
+/// one database transaction. Clones share everything.
+pub struct Transactional<S: TransactionalStore> {
+    store: S,
+    dialect: Arc<dyn TxDialect<S::Database>>,
+    engine: Engine,
+    local: Arc<local::LocalOwners>,
+}
+
+impl<S: TransactionalStore> Clone for Transactional<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            dialect: self.dialect.clone(),
+            engine: self.engine.clone(),
+            local: self.local.clone(),
+        }
+    }
+}
+
+/// What [`Transactional::begin`] decided.
+#[derive(Debug)]
+// Returned once per request and moved once: boxing the owner would cost an allocation for
+// every claim to save a few bytes on the replay path.
+#[allow(clippy::large_enum_variant)]
+pub enum TxBegin<DB: sqlx::Database> {
+    /// This caller's transaction holds the key: run the operation on it, then
+    /// [`commit`](TxOwner::commit) or [`rollback`](TxOwner::rollback).
+    Run(TxOwner<DB>),
+    /// The operation already ran and committed under this key; here is its stored outcome.
+    Replay(Bytes),
+}
+
+impl<S: TransactionalStore> Transactional<S> {
+    /// The transactional mode on `store` with the engine's default timings.
+    pub fn new(store: S) -> Self {
+        let engine = Engine::new(store.clone());
+        Self::with_engine(store, engine)
+    }
+
+    /// The transactional mode on `store`, with the timings and the wait policy of `engine`
+    /// (lease, retention, in-progress policy, store time limit). `engine` should run on the
+    /// same store: its lookups and purges serve the same table.
+    pub fn with_engine(store: S, engine: Engine) -> Self {
+        Self {
+            dialect: store.dialect(),
+            store,
+            engine,
+            local: Arc::default(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The engine whose timings and waiters this mode uses.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Claims `key` inside a new transaction, or finds its committed outcome. Duplicates of a
+    /// running owner wait (without a database connection) as the engine's in-progress policy
+    /// says, then replay.
+    pub async fn begin(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+    ) -> Result<TxBegin<S::Database>, EngineError> {
+        match self.try_begin(&key, &fingerprint).await? {
+            Some(begin) => Ok(begin),
+            None => self.wait_for(key, fingerprint).await,
+        }
+    }
+
+    /// One attempt: `None` when someone runs the key right now. Most requests carry a new
+    /// key, so it claims straight away (a look first would cost every new key a round trip to
+    /// spare a replay two). In one process only one task at a time tries to claim a key, so a
+    /// burst of copies opens one transaction, not a burst of them.
+    pub(crate) async fn try_begin(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<TxBegin<S::Database>>, EngineError> {
+        let Some(mark) = self.local.try_enter(&self.engine, key) else {
+            return Ok(None);
+        };
+        self.claim(key, fingerprint, mark).await
+    }
+
+    /// Waits, as the in-progress policy says, for the key's owner to commit or give up, then
+    /// replays or claims. The waiters of a key in one process share one watch on the
+    /// database (the engine's), which looks without a transaction and at once when an owner
+    /// of this process ends; past the engine's waiter cap a duplicate is told to come back.
+    pub(crate) async fn wait_for(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+    ) -> Result<TxBegin<S::Database>, EngineError> {
+        let engine = &self.engine;
+        let InProgressPolicy::Wait { timeout } = engine.config.in_progress else {
+            tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
+            return Err(engine.still_running());
+        };
+        let deadline = Instant::now() + timeout;
+        let Some(mut subscription) =
+            engine
+                .waiters
+                .subscribe(&key, engine.config.max_waiters_per_key, |watch| {
+                    tokio::spawn(self.clone().watch(key.clone(), watch))
+                })
+        else {
+            tracing::warn!(key = %key.log_id(), "too many requests waiting on this key; answering in-progress");
+            return Err(engine.still_running());
+        };
+        loop {
+            let seen = match tokio::time::timeout_at(deadline, subscription.next()).await {
+                Ok(Some(seen)) => seen,
+                Ok(None) | Err(_) => {
+                    tracing::debug!(key = %key.log_id(), "gave up waiting for the original request");
+                    return Err(engine.still_running());
+                }
+            };
+            let decided = match seen {
+                Seen::Record(record) => self.existing(&key, &fingerprint, record)?,
+                Seen::Busy => None,
+                // Rolled back or never there: whoever claims next runs it — maybe us.
+                Seen::Absent => self.try_begin(&key, &fingerprint).await?,
+                Seen::Failed(error) => {
+                    return Err(engine.unavailable(
+                        &key,
+                        StoreError::backend("shared lookup", SharedError(error)),
+                    ))
+                }
+            };
+            if let Some(begin) = decided {
+                return Ok(begin);
+            }
+        }
+    }
+
+    /// The one database watch of a key in this process: looks (without a transaction),
+    /// publishes what it saw, and looks again after a capped, doubling pause, or at once when
+    /// an owner of this process ends. Runs until the last waiter leaves (which aborts it).
+    async fn watch(self, key: StoreKey, watch: Arc<KeyWatch>) {
+        let (first, max_pause) = self.engine.config.poll;
+        let mut pause = first;
+        loop {
+            let seen = match self.engine.bounded(self.dialect.probe(&key)).await {
+                Ok(Probe::Live(record)) => Seen::Record(record),
+                Ok(Probe::Busy) => Seen::Busy,
+                Ok(Probe::Absent) => Seen::Absent,
+                Err(error) => Seen::Failed(Arc::new(error)),
+            };
+            watch.publish(seen);
+            tokio::select! {
+                () = watch.look_requested() => pause = first,
+                () = tokio::time::sleep(pause) => pause = (pause * 2).min(max_pause),
+            }
+        }
+    }
+
+    /// One claim in a new transaction, by the task holding this process' mark for the key.
+    /// `None`: someone elsewhere holds the key.
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        mark: LocalOwnership,
+    ) -> Result<Option<TxBegin<S::Database>>, EngineError> {
+        let engine = &self.engine;
+        let unavailable = |source| engine.unavailable(key, source);
+        let lease = engine.config.lease;
+        let mut tx = engine
+            .bounded(self.dialect.begin(lease))
+            .await
+            .map_err(unavailable)?;
+        let claimed = engine
+            .bounded(self.dialect.claim_in(&mut tx, key, fingerprint, lease))
+            .await
+            .map_err(unavailable)?;
+        // Unless claimed, nothing was written: dropping the transaction rolls it back, and
+        // dropping the mark lets this process' waiters on the key look again.
+        let token = match claimed {
+            TxClaim::Claimed(token) => token,
+            TxClaim::Existing(record) => return self.existing(key, fingerprint, record),
+            TxClaim::Busy => return Ok(None),
+        };
+        tracing::debug!(key = %key.log_id(), "claimed in a transaction");
+        Ok(Some(TxBegin::Run(TxOwner::claimed(
+            self,
+            tx,
+            key.clone(),
+            token,
+            mark,
+        ))))
+    }
+
+    /// What a committed record means for this request: its outcome to replay, a client
+    /// error, or `None` for a claim of the separate mode still running on the same table
+    /// (waited for like a busy key).
+    fn existing(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        record: Record,
+    ) -> Result<Option<TxBegin<S::Database>>, EngineError> {
+        if record.fingerprint() != fingerprint {
+            tracing::debug!(key = %key.log_id(), "key reused with a different request");
+            return Err(EngineError::FingerprintMismatch);
+        }
+        Ok(match record {
+            Record::Completed { payload, .. } => {
+                tracing::debug!(key = %key.log_id(), "replaying stored outcome");
+                Some(TxBegin::Replay(payload))
+            }
+            Record::InProgress { .. } => None,
+        })
+    }
+
+    /// A transaction for work that has no key to protect (a request without an idempotency
+    /// key on a route where the key is optional): the operation still gets a transaction,
+    /// committed or rolled back by the same rules, but nothing is claimed or recorded.
+    /// The transaction is begun when the operation first locks it, so work that does not
+    /// touch the database costs no connection.
+    pub fn begin_unkeyed(&self) -> TxOwner<S::Database> {
+        TxOwner::unkeyed(self)
+    }
+}
+
+impl<S: TransactionalStore> std::fmt::Debug for Transactional<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transactional")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,79 @@
+//! The transactional mode on MySQL / MariaDB.
+//!
+//! The claim is the separate mode's `INSERT .. ON DUPLICATE KEY UPDATE`, run inside the
+//! owner's transaction with a zero lock wait (MariaDB's `SET STATEMENT
+//! innodb_lock_wait_timeout = 0 FOR ..`): a key whose row another transaction holds fails at
+//! once, which reads as "busy". A duplicate's probe is a locking read that never waits
+//! (`LOCK IN SHARE MODE NOWAIT`). Both are MariaDB 10.3+ syntax; MySQL 8 would need the
+//! `SET_VAR` hint instead and is not supported by this mode yet.
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sqlx::{MySql, MySqlConnection, Transaction};
+
+use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
+use crate::{
+    record::{ClaimOutcome, Fingerprint, StoreKey, Token},
+    store::{mysql::Wait, MySqlStore, StoreError},
+};
+
+impl TransactionalStore for MySqlStore {
+    type Database = MySql;
+
+    fn dialect(&self) -> Arc<dyn TxDialect<MySql>> {
+        Arc::new(self.clone())
+    }
+}
+
+#[async_trait]
+impl TxDialect<MySql> for MySqlStore {
+    async fn begin(
+        &self,
+        _idle_limit: Duration,
+    ) -> Result<Transaction<'static, MySql>, StoreError> {
+        self.pool()
+            .begin()
+            .await
+            .map_err(|e| StoreError::backend("mysql", e))
+    }
+
+    async fn claim_in(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<TxClaim, StoreError> {
+        Ok(
+            match self
+                .claim_on(conn, Wait::Never, key, fingerprint, lease)
+                .await?
+            {
+                Some(ClaimOutcome::Claimed(token)) => TxClaim::Claimed(token),
+                Some(ClaimOutcome::Existing(record)) => TxClaim::Existing(record),
+                None => TxClaim::Busy,
+            },
+        )
+    }
+
+    async fn complete_in(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        self.complete_on(conn, key, token, payload, retention).await
+    }
+
+    async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {
+        Ok(match MySqlStore::probe(self, key).await? {
+            Ok(Some(record)) => Probe::Live(record),
+            Ok(None) => Probe::Absent,
+            Err(_busy) => Probe::Busy,
+        })
+    }
+}

@@ -1,0 +1,160 @@
+//! The owner of a key in the transactional mode: its transaction, lent to the operation,
+//! then committed together with the stored outcome, or rolled back.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use sqlx::Transaction;
+
+use super::{
+    dialect::{TransactionalStore, TxDialect},
+    local::LocalOwnership,
+    slot::{StillBorrowed, TxSlot},
+    Transactional,
+};
+use crate::{
+    engine::{in_flight::InFlightGuard, Engine},
+    record::{StoreKey, Token},
+    store::StoreError,
+};
+
+/// This caller's transaction holds a key (or, for unkeyed work, is simply open).
+///
+/// Lend the transaction to the operation with [`transaction`](Self::transaction), then end
+/// with [`commit`](Self::commit) (the outcome is stored and replayed to duplicates, the
+/// operation's writes persist) or [`rollback`](Self::rollback) (nothing persists and a retry
+/// runs again). Dropping it rolls back too.
+#[must_use = "an owner must commit or roll back"]
+pub struct TxOwner<DB: sqlx::Database> {
+    slot: TxSlot<DB>,
+    claim: Option<ClaimRow>,
+    dialect: Arc<dyn TxDialect<DB>>,
+    engine: Engine,
+    /// Unkeyed work: held until the transaction has ended, so `Engine::drained` waits for it
+    /// (a claimed key's mark counts it instead).
+    _in_flight: Option<InFlightGuard>,
+}
+
+/// The uncommitted claim row this transaction wrote.
+struct ClaimRow {
+    key: StoreKey,
+    token: Token,
+    /// Dropped after the transaction ended: wakes this process' waiters on the key and counts
+    /// the owner out of `Engine::drained`.
+    _local: LocalOwnership,
+}
+
+/// Why [`TxOwner::commit`] did not commit. Nothing of the transaction persists — unless the
+/// connection broke while the `COMMIT` itself was under way, when the outcome is unknown and a
+/// retry finds out (it replays if the commit went through).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// The operation still holds the transaction.
+    #[error(transparent)]
+    StillBorrowed(#[from] StillBorrowed),
+    /// Writing the outcome or committing failed.
+    #[error("the idempotency transaction could not be committed; nothing of it persists")]
+    Store(#[source] StoreError),
+}
+
+impl<DB: sqlx::Database> TxOwner<DB> {
+    pub(super) fn claimed<S: TransactionalStore<Database = DB>>(
+        mode: &Transactional<S>,
+        tx: Transaction<'static, DB>,
+        key: StoreKey,
+        token: Token,
+        local: LocalOwnership,
+    ) -> Self {
+        let mut owner = Self::with_slot(mode, TxSlot::open(tx), None);
+        owner.claim = Some(ClaimRow {
+            key,
+            token,
+            _local: local,
+        });
+        owner
+    }
+
+    /// Unkeyed work: the transaction is begun when the operation first locks it.
+    pub(super) fn unkeyed<S: TransactionalStore<Database = DB>>(mode: &Transactional<S>) -> Self {
+        let slot = TxSlot::lazy(mode.dialect.clone(), mode.engine.config.lease);
+        Self::with_slot(mode, slot, Some(mode.engine.in_flight.enter()))
+    }
+
+    fn with_slot<S: TransactionalStore<Database = DB>>(
+        mode: &Transactional<S>,
+        slot: TxSlot<DB>,
+        in_flight: Option<InFlightGuard>,
+    ) -> Self {
+        Self {
+            slot,
+            claim: None,
+            dialect: mode.dialect.clone(),
+            engine: mode.engine.clone(),
+            _in_flight: in_flight,
+        }
+    }
+
+    /// The transaction, to lend to the operation (the HTTP layer puts a clone into the
+    /// request's extensions).
+    pub fn transaction(&self) -> &TxSlot<DB> {
+        &self.slot
+    }
+
+    /// The claimed key; `None` for unkeyed work.
+    pub fn key(&self) -> Option<&StoreKey> {
+        self.claim.as_ref().map(|claim| &claim.key)
+    }
+
+    /// Stores `payload` as the key's outcome in the transaction and commits it with the
+    /// operation's writes. For unkeyed work the payload is ignored and the transaction simply
+    /// commits. On error nothing persists (see [`CommitError`]).
+    pub async fn commit(self, payload: Bytes) -> Result<(), CommitError> {
+        let Some(mut tx) = self.slot.take()? else {
+            // Unkeyed work that never used its transaction: nothing to commit.
+            return Ok(());
+        };
+        let engine = &self.engine;
+        if let Some(claim) = &self.claim {
+            let retention: Duration = engine.config.retention;
+            engine
+                .bounded(self.dialect.complete_in(
+                    &mut tx,
+                    &claim.key,
+                    claim.token,
+                    payload,
+                    retention,
+                ))
+                .await
+                .map_err(CommitError::Store)?;
+        }
+        engine
+            .bounded(async { tx.commit().await.map_err(|e| StoreError::backend("sql", e)) })
+            .await
+            .map_err(CommitError::Store)?;
+        if let Some(claim) = &self.claim {
+            tracing::debug!(key = %claim.key.log_id(), "committed with its outcome");
+        }
+        Ok(())
+    }
+
+    /// Rolls the transaction back: the operation's writes and the claim vanish, and the next
+    /// request with the key runs again. If the operation still holds the transaction, it rolls
+    /// back when the operation lets go of it.
+    pub async fn rollback(self) {
+        if let Ok(Some(tx)) = self.slot.take() {
+            if let Err(error) = tx.rollback().await {
+                // The connection is gone; the server rolled back on its own.
+                tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");
+            }
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for TxOwner<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxOwner")
+            .field("key", &self.key())
+            .finish_non_exhaustive()
+    }
+}
