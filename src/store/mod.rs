@@ -45,7 +45,7 @@ mod purger;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "sqlx")]
-mod sql;
+pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "sqlx")]
