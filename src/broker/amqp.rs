@@ -29,6 +29,9 @@ use lapin::{
 
 use super::{BrokerError, Delivery, OutgoingMessage, Publisher, Subscriber};
 
+/// The client library, for what this module does not wrap (e.g. deleting a test's queues).
+pub use lapin;
+
 const BROKER: &str = "amqp";
 
 /// Where messages go: exchange, queue and binding. See the [module docs](self).

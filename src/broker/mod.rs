@@ -43,6 +43,20 @@ pub trait Publisher: Send + Sync + 'static {
     async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError>;
 }
 
+#[async_trait]
+impl<P: Publisher + ?Sized> Publisher for Box<P> {
+    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+        (**self).publish_confirmed(messages).await
+    }
+}
+
+#[async_trait]
+impl<P: Publisher + ?Sized> Publisher for std::sync::Arc<P> {
+    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+        (**self).publish_confirmed(messages).await
+    }
+}
+
 /// A stream of deliveries from one durable queue or consumer.
 #[async_trait]
 pub trait Subscriber: Send + 'static {

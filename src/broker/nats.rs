@@ -26,6 +26,9 @@ use async_nats::{
 
 use super::{BrokerError, Delivery, OutgoingMessage, Publisher, Subscriber};
 
+/// The client library, for what this module does not wrap (e.g. deleting a test's stream).
+pub use async_nats;
+
 const BROKER: &str = "nats";
 
 /// The stream and its durable consumer. See the [module docs](self).

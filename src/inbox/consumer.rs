@@ -80,7 +80,7 @@ impl Default for ConsumerConfig {
 }
 
 /// What became of one delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// The handler ran and its transaction committed; acked.
     Handled,

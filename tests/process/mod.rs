@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod shared;
+pub mod worker;
 
 use std::{
     net::SocketAddr,
@@ -50,17 +51,22 @@ pub fn unique() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-/// The example binary, next to this test binary's `deps/` folder.
+/// The payments example binary.
 fn binary() -> PathBuf {
+    example_binary("payments")
+}
+
+/// An example binary, next to this test binary's `deps/` folder.
+pub fn example_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target/<profile>/deps");
-    let path = dir.join("examples").join("payments");
+    let path = dir.join("examples").join(name);
     assert!(
         path.exists(),
-        "{} does not exist: run `cargo test` (which builds the examples) or `cargo build --example payments`",
+        "{} does not exist: run scripts/test (which builds the examples) or `cargo build --all-features --examples`",
         path.display()
     );
     path

@@ -1,0 +1,121 @@
+//! `receipts`: consumes `payment.created` events and writes one receipt per payment, through
+//! the inbox, on RabbitMQ or NATS JetStream. The contract is `shared/pipeline-example.md`.
+//!
+//! ```text
+//! DATABASE_URL=postgres://root@127.0.0.1/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f \
+//!     cargo run --example receipts
+//! DATABASE_URL=postgres://root@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run --example receipts
+//! ```
+//!
+//! Environment: `DATABASE_URL`, one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
+//! after writing the receipt, before the commit: the crash window; default 0),
+//! `RECEIPTS_CONCURRENCY` (default 8), `RECEIPTS_ACK_WAIT_MS` (NATS, default 30000),
+//! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`).
+//!
+//! The `receipts` table has no unique constraint on `payment_id`: the inbox alone keeps a
+//! redelivered event from writing a second receipt.
+
+mod pipeline;
+
+use std::{process::ExitCode, time::Duration};
+
+use async_trait::async_trait;
+use pipeline::Broker;
+use sqlx::{PgConnection, Postgres};
+use tower_idempotency::{
+    broker::{amqp::AmqpSubscriber, nats::NatsSubscriber},
+    inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Message, PgInbox},
+};
+
+const RECEIPTS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
+    payment_id TEXT        NOT NULL,
+    amount     BIGINT      NOT NULL,
+    currency   TEXT        NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)";
+
+struct WriteReceipt {
+    delay: Duration,
+}
+
+#[async_trait]
+impl Handler<Postgres> for WriteReceipt {
+    async fn handle(&self, conn: &mut PgConnection, message: &Message) -> Result<(), HandlerError> {
+        let event = &message.payload;
+        let field = |name: &str| {
+            event
+                .get(name)
+                .ok_or_else(|| HandlerError::Reject(format!("the event has no {name:?}")))
+        };
+        let payment_id = field("payment_id")?
+            .as_str()
+            .ok_or_else(|| HandlerError::Reject("payment_id is not a string".into()))?;
+        let amount = field("amount")?
+            .as_i64()
+            .ok_or_else(|| HandlerError::Reject("amount is not an integer".into()))?;
+        let currency = field("currency")?
+            .as_str()
+            .ok_or_else(|| HandlerError::Reject("currency is not a string".into()))?;
+        sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES ($1, $2, $3)")
+            .bind(payment_id)
+            .bind(amount)
+            .bind(currency)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| HandlerError::Retry(e.into()))?;
+        tokio::time::sleep(self.delay).await;
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    pipeline::init_logs();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("receipts stopped: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let broker = Broker::from_env()?;
+    let concurrency: usize = pipeline::number("RECEIPTS_CONCURRENCY", 8)?;
+    let config = ConsumerConfig {
+        concurrency: concurrency.max(1),
+        retention: Duration::from_secs(pipeline::number("INBOX_RETENTION_SECS", 7 * 24 * 3600)?),
+        ..ConsumerConfig::default()
+    };
+    let handler = WriteReceipt {
+        delay: Duration::from_millis(pipeline::number("RECEIPTS_DELAY_MS", 0)?),
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(concurrency).unwrap_or(u32::MAX).clamp(2, 64))
+        .connect(&pipeline::database_url()?)
+        .await?;
+    let inbox = PgInbox::new(pool.clone());
+    inbox.migrate().await?;
+    sqlx::query(RECEIPTS_SCHEMA).execute(&pool).await?;
+    let prefetch = u16::try_from(concurrency).unwrap_or(u16::MAX);
+    let consumer = Consumer::with_config("receipts", inbox, handler, config);
+    match broker {
+        Broker::Amqp { url, topology } => {
+            let subscriber = AmqpSubscriber::connect(&url, &topology, prefetch).await?;
+            tracing::info!(queue = %topology.queue, "receipts: consuming from RabbitMQ");
+            consumer
+                .run_until(subscriber, pipeline::shutdown_signal())
+                .await?;
+        }
+        Broker::Nats { url, topology, .. } => {
+            let subscriber = NatsSubscriber::connect(&url, &topology, concurrency).await?;
+            tracing::info!(stream = %topology.stream, consumer = %topology.consumer, "receipts: consuming from NATS JetStream");
+            consumer
+                .run_until(subscriber, pipeline::shutdown_signal())
+                .await?;
+        }
+    }
+    Ok(())
+}
