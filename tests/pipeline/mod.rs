@@ -367,3 +367,90 @@ pub fn tally<T: Eq + std::hash::Hash + Clone>(items: &[T]) -> HashMap<T, usize> 
     }
     counts
 }
+
+impl TestBroker {
+    /// Publishes a message as something other than the relay might: any body, with or
+    /// without a message id. Declares the topology first (as the relay would).
+    pub async fn publish_raw(&self, id: Option<&str>, body: &[u8]) {
+        match self {
+            Self::Amqp { url, topology, .. } => {
+                let connection = tower_idempotency::broker::amqp::connect(url).await.unwrap();
+                let channel = connection.create_channel().await.unwrap();
+                topology.declare(&channel).await.unwrap();
+                channel
+                    .confirm_select(lapin::options::ConfirmSelectOptions::default())
+                    .await
+                    .unwrap();
+                let mut properties = lapin::BasicProperties::default().with_delivery_mode(2);
+                if let Some(id) = id {
+                    properties = properties.with_message_id(id.into());
+                }
+                let confirm = channel
+                    .basic_publish(
+                        &topology.exchange,
+                        TOPIC,
+                        Default::default(),
+                        body,
+                        properties,
+                    )
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+                assert!(confirm.is_ack());
+                connection.close(200, "done").await.unwrap();
+            }
+            Self::Nats {
+                url,
+                topology,
+                subject,
+                ..
+            } => {
+                let js = nats::connect(url).await.unwrap();
+                topology.declare_stream(&js).await.unwrap();
+                let mut headers = nats::async_nats::HeaderMap::new();
+                if let Some(id) = id {
+                    headers.insert("Nats-Msg-Id", id);
+                }
+                js.publish_with_headers(subject.clone(), headers, body.to_vec().into())
+                    .await
+                    .unwrap()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// RabbitMQ: how many messages wait in the dead-letter queue. NATS: how many messages
+    /// the durable consumer still has pending or unacknowledged (a termed one has neither).
+    pub async fn leftovers(&self) -> u64 {
+        match self {
+            Self::Amqp { url, topology, .. } => {
+                let connection = tower_idempotency::broker::amqp::connect(url).await.unwrap();
+                let channel = connection.create_channel().await.unwrap();
+                let queue = channel
+                    .queue_declare(
+                        &topology.dead_letter_queue(),
+                        lapin::options::QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        Default::default(),
+                    )
+                    .await
+                    .unwrap();
+                connection.close(200, "done").await.unwrap();
+                u64::from(queue.message_count())
+            }
+            Self::Nats { url, topology, .. } => {
+                let js = nats::connect(url).await.unwrap();
+                let mut consumer: nats::async_nats::jetstream::consumer::PullConsumer = js
+                    .get_consumer_from_stream(&topology.consumer, &topology.stream)
+                    .await
+                    .unwrap();
+                let info = consumer.info().await.unwrap();
+                info.num_pending + info.num_ack_pending as u64
+            }
+        }
+    }
+}
