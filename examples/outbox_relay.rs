@@ -9,18 +9,36 @@
 //! ```
 //!
 //! Environment: `DATABASE_URL`, one of `AMQP_URL` / `NATS_URL`, `PIPELINE_NAMESPACE` (see
-//! `pipeline/mod.rs`), `OUTBOX_POLL_MS` (polling fallback, default 1000). Stops after the
-//! batch in flight on SIGTERM.
+//! `pipeline/mod.rs`), `OUTBOX_POLL_MS` (polling fallback, default 1000),
+//! `OUTBOX_CONFIRM_DELAY_MS` (sleeps after the broker confirmed a batch and before it is
+//! marked sent: the relay's crash window, where a kill makes it publish the batch again;
+//! default 0). Stops after the batch in flight on SIGTERM.
 
 mod pipeline;
 
 use std::{process::ExitCode, time::Duration};
 
+use async_trait::async_trait;
 use pipeline::Broker;
 use tower_idempotency::{
-    broker::{amqp::AmqpPublisher, nats::NatsPublisher},
+    broker::{amqp::AmqpPublisher, nats::NatsPublisher, BrokerError, OutgoingMessage, Publisher},
     outbox::{PgOutbox, Relay, RelayConfig},
 };
+
+/// A publisher that lingers after the broker's confirmation (`OUTBOX_CONFIRM_DELAY_MS`).
+struct SlowToMark<P> {
+    publisher: P,
+    delay: Duration,
+}
+
+#[async_trait]
+impl<P: Publisher> Publisher for SlowToMark<P> {
+    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+        self.publisher.publish_confirmed(messages).await?;
+        tokio::time::sleep(self.delay).await;
+        Ok(())
+    }
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -43,9 +61,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         poll_interval: Duration::from_millis(pipeline::number("OUTBOX_POLL_MS", 1000)?),
         ..RelayConfig::default()
     };
+    let delay = Duration::from_millis(pipeline::number("OUTBOX_CONFIRM_DELAY_MS", 0)?);
     match broker {
         Broker::Amqp { url, topology } => {
-            let publisher = AmqpPublisher::connect(&url, &topology).await?;
+            let publisher = SlowToMark {
+                publisher: AmqpPublisher::connect(&url, &topology).await?,
+                delay,
+            };
             tracing::info!(exchange = %topology.exchange, "outbox_relay: relaying to RabbitMQ");
             Relay::new(outbox, publisher)
                 .config(config)
@@ -57,9 +79,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             topology,
             subject,
         } => {
-            let publisher = NatsPublisher::connect(&url, &topology)
-                .await?
-                .route(move |_| subject.clone());
+            let publisher = SlowToMark {
+                publisher: NatsPublisher::connect(&url, &topology)
+                    .await?
+                    .route(move |_| subject.clone()),
+                delay,
+            };
             tracing::info!(stream = %topology.stream, "outbox_relay: relaying to NATS JetStream");
             Relay::new(outbox, publisher)
                 .config(config)

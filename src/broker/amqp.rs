@@ -48,7 +48,9 @@ pub struct AmqpTopology {
 }
 
 impl AmqpTopology {
-    /// Exchange `exchange`, queue `queue` bound with `binding`, delivery limit 5.
+    /// Exchange `exchange`, queue `queue` bound with `binding`, delivery limit 20: above the
+    /// [inbox consumer](crate::inbox::Consumer)'s `max_attempts`, since a consumer that
+    /// dies holding prefetched messages also counts as a delivery of each.
     pub fn new(
         exchange: impl Into<String>,
         queue: impl Into<String>,
@@ -58,7 +60,7 @@ impl AmqpTopology {
             exchange: exchange.into(),
             queue: queue.into(),
             binding: binding.into(),
-            delivery_limit: 5,
+            delivery_limit: 20,
         }
     }
 

@@ -47,7 +47,12 @@ pub struct NatsTopology {
 }
 
 impl NatsTopology {
-    /// Stream `stream` on `subjects`, consumer `consumer`, ack wait 30 s, 5 deliveries.
+    /// Stream `stream` on `subjects`, consumer `consumer`, ack wait 30 s, 20 deliveries.
+    ///
+    /// The delivery bound is well above the [inbox consumer](crate::inbox::Consumer)'s
+    /// `max_attempts` (which dead-letters a failing message itself) because deliveries also
+    /// pile up without any failure: a handler slower than the ack wait, a consumer killed
+    /// mid-message. A message the server stops delivering is lost to the consumer.
     pub fn new(
         stream: impl Into<String>,
         subjects: impl IntoIterator<Item = impl Into<String>>,
@@ -58,7 +63,7 @@ impl NatsTopology {
             subjects: subjects.into_iter().map(Into::into).collect(),
             consumer: consumer.into(),
             ack_wait: Duration::from_secs(30),
-            max_deliver: 5,
+            max_deliver: 20,
         }
     }
 
