@@ -1,14 +1,14 @@
-//! Message brokers for the [outbox relay](crate::outbox) and [inbox consumers](crate::inbox):
+//! Message brokers for the outbox relay (module `outbox`) and inbox consumers (module `inbox`):
 //! a small [`Publisher`] / [`Subscriber`] pair, so that a broker is one file behind its cargo
 //! feature and Kafka or SQS can follow.
 //!
 //! | feature | broker | publishing | consuming |
 //! |---|---|---|---|
-//! | `amqp` | RabbitMQ ([`amqp`]) | persistent messages, `message_id`, publisher confirms | quorum queue, manual acks, prefetch, delivery limit, dead-letter queue |
-//! | `nats` | NATS JetStream ([`nats`]) | `Nats-Msg-Id` (server-side dedup), publish acks | durable pull consumer, explicit acks, ack wait, `max_deliver`, term |
+//! | `amqp` | RabbitMQ (module `amqp`) | persistent messages, `message_id`, publisher confirms | quorum queue, manual acks, prefetch, delivery limit, dead-letter queue |
+//! | `nats` | NATS JetStream (module `nats`) | `Nats-Msg-Id` (server-side dedup), publish acks | durable pull consumer, explicit acks, ack wait, `max_deliver`, term |
 //!
 //! Both are at-least-once: a message may arrive twice, and two copies may be in flight at
-//! once. The [inbox](crate::inbox) turns that into exactly one effect in your database.
+//! once. The inbox turns that into exactly one effect in your database.
 
 use std::time::Duration;
 

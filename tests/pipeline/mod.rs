@@ -18,11 +18,10 @@ use tower_idempotency::{
     outbox::{NewEvent, PgOutbox},
 };
 
-use crate::process::{shared::Shared, unique};
-
-#[path = "../support/backends.rs"]
-mod backends;
-use backends::{require_all, url_or_skip};
+use crate::process::{
+    shared::{require_all, url_or_skip, Shared},
+    unique,
+};
 
 pub const TOPIC: &str = "payment.created";
 
