@@ -42,14 +42,7 @@ impl<P: Publisher> Publisher for SlowToMark<P> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    pipeline::init_logs();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!("outbox_relay stopped: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    pipeline::main("outbox_relay", run()).await
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -71,14 +71,7 @@ impl Handler<Postgres> for WriteReceipt {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    pipeline::init_logs();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!("receipts stopped: {error}");
-            ExitCode::FAILURE
-        }
-    }
+    pipeline::main("receipts", run()).await
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -8,7 +8,6 @@ mod pipeline;
 mod process;
 
 use std::{
-    future::Future,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc,
@@ -17,8 +16,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use pipeline::{tally, Db, TestBroker, WriteReceipt};
-use process::shared::Shared;
+use pipeline::{each_broker, tally, with_broker, TestBroker, WriteReceipt};
 use sqlx::{PgConnection, Postgres};
 use tokio::sync::Barrier;
 use tower_idempotency::{
@@ -28,29 +26,6 @@ use tower_idempotency::{
 };
 
 const QUIET: Duration = Duration::from_millis(1500);
-
-async fn each_broker<F, Fut>(nats_ack_wait: Duration, test: F)
-where
-    F: Fn(Db, TestBroker) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    for broker in [TestBroker::amqp(), TestBroker::nats(nats_ack_wait)]
-        .into_iter()
-        .flatten()
-    {
-        let Some(shared) = Shared::postgres().await else {
-            return;
-        };
-        let cleanup = broker.clone();
-        shared
-            .run(|shared| async {
-                eprintln!("broker: {}", broker.name());
-                test(Db::new(shared).await, broker).await;
-            })
-            .await;
-        cleanup.clean_up().await;
-    }
-}
 
 #[tokio::test]
 async fn poison_messages_are_dead_lettered_acked_and_leave_no_receipt() {
@@ -160,62 +135,55 @@ async fn two_consumers_given_the_same_message_at_once_write_one_receipt() {
     let Some(broker) = TestBroker::nats(Duration::from_millis(300)) else {
         return;
     };
-    let Some(shared) = Shared::postgres().await else {
-        return;
-    };
-    let cleanup = broker.clone();
-    shared
-        .run(|shared| async move {
-            let db = Db::new(shared).await;
-            let (payment, _) = db.pay(true).await;
-            Relay::new(db.outbox.clone(), broker.publisher().await)
-                .drain()
+    with_broker(broker, |db, broker| async move {
+        let (payment, _) = db.pay(true).await;
+        Relay::new(db.outbox.clone(), broker.publisher().await)
+            .drain()
+            .await
+            .unwrap();
+        let TestBroker::Nats { url, topology, .. } = &broker else {
+            unreachable!()
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = SlowReceipt {
+            runs: runs.clone(),
+            inner: WriteReceipt {
+                delay: Duration::from_millis(1500),
+            },
+        };
+        let consumer = Consumer::new("receipts", db.inbox.clone(), handler);
+        let barrier = Arc::new(Barrier::new(2));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..2 {
+            let (consumer, barrier) = (consumer.clone(), barrier.clone());
+            let mut subscriber = NatsSubscriber::connect(url, topology, 1).await.unwrap();
+            tasks.spawn(async move {
+                barrier.wait().await;
+                let mut outcomes = Vec::new();
+                // Each takes one delivery and handles it while the other may take the
+                // redelivered copy.
+                if let Ok(Ok(delivery)) = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tower_idempotency::broker::Subscriber::next(&mut subscriber),
+                )
                 .await
-                .unwrap();
-            let TestBroker::Nats { url, topology, .. } = &broker else {
-                unreachable!()
-            };
-            let runs = Arc::new(AtomicUsize::new(0));
-            let handler = SlowReceipt {
-                runs: runs.clone(),
-                inner: WriteReceipt {
-                    delay: Duration::from_millis(1500),
-                },
-            };
-            let consumer = Consumer::new("receipts", db.inbox.clone(), handler);
-            let barrier = Arc::new(Barrier::new(2));
-            let mut tasks = tokio::task::JoinSet::new();
-            for _ in 0..2 {
-                let (consumer, barrier) = (consumer.clone(), barrier.clone());
-                let mut subscriber = NatsSubscriber::connect(url, topology, 1).await.unwrap();
-                tasks.spawn(async move {
-                    barrier.wait().await;
-                    let mut outcomes = Vec::new();
-                    // Each takes one delivery and handles it while the other may take the
-                    // redelivered copy.
-                    if let Ok(Ok(delivery)) = tokio::time::timeout(
-                        Duration::from_secs(5),
-                        tower_idempotency::broker::Subscriber::next(&mut subscriber),
-                    )
-                    .await
-                    {
-                        outcomes.push(consumer.process(&delivery).await);
-                    }
-                    outcomes
-                });
-            }
-            let outcomes: Vec<Outcome> = tasks.join_all().await.into_iter().flatten().collect();
-            let counts = tally(&outcomes);
-            assert_eq!(counts.get(&Outcome::Handled), Some(&1), "{outcomes:?}");
-            assert_eq!(
-                counts.get(&Outcome::Duplicate),
-                Some(&1),
-                "both consumers got the message: {outcomes:?}"
-            );
-            assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
-            assert_eq!(db.receipts().await.get(&payment), Some(&1));
-            assert_eq!(db.receipts().await.len(), 1);
-        })
-        .await;
-    cleanup.clean_up().await;
+                {
+                    outcomes.push(consumer.process(&delivery).await);
+                }
+                outcomes
+            });
+        }
+        let outcomes: Vec<Outcome> = tasks.join_all().await.into_iter().flatten().collect();
+        let counts = tally(&outcomes);
+        assert_eq!(counts.get(&Outcome::Handled), Some(&1), "{outcomes:?}");
+        assert_eq!(
+            counts.get(&Outcome::Duplicate),
+            Some(&1),
+            "both consumers got the message: {outcomes:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+        assert_eq!(db.receipts().await.get(&payment), Some(&1));
+        assert_eq!(db.receipts().await.len(), 1);
+    })
+    .await;
 }

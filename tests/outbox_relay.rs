@@ -7,11 +7,10 @@
 mod pipeline;
 mod process;
 
-use std::{collections::HashSet, future::Future, sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use pipeline::{tally, Db, TestBroker, WriteReceipt};
-use process::shared::Shared;
+use pipeline::{each_broker, tally, TestBroker, WriteReceipt};
 use tokio::sync::Barrier;
 use tower_idempotency::{
     broker::{BrokerError, OutgoingMessage, Publisher},
@@ -20,32 +19,6 @@ use tower_idempotency::{
 };
 
 const QUIET: Duration = Duration::from_millis(1500);
-
-/// Runs `test` for each broker that is configured, on a fresh schema, cleaning up after.
-async fn each_broker<F, Fut>(nats_ack_wait: Duration, test: F)
-where
-    F: Fn(Db, TestBroker) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    for broker in [TestBroker::amqp(), TestBroker::nats(nats_ack_wait)]
-        .into_iter()
-        .flatten()
-    {
-        let Some(shared) = Shared::postgres().await else {
-            return;
-        };
-        let name = broker.name();
-        let cleanup = broker.clone();
-        shared
-            .run(|shared| async {
-                let db = Db::new(shared).await;
-                eprintln!("broker: {name}");
-                test(db, broker).await;
-            })
-            .await;
-        cleanup.clean_up().await;
-    }
-}
 
 #[tokio::test]
 async fn relay_publishes_each_committed_row_once_and_rolled_back_rows_never() {

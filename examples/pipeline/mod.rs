@@ -104,11 +104,22 @@ pub async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-pub fn init_logs() {
+/// Sets up logging, runs `run`, and turns its error into one log line and a failure exit.
+pub async fn main<F>(name: &str, run: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<(), Box<dyn std::error::Error>>>,
+{
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
         .init();
+    match run.await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{name} stopped: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -74,6 +74,17 @@ impl AmqpTopology {
         format!("{}.dead", self.queue)
     }
 
+    /// Connects, opens a channel and [declares](Self::declare) the topology on it.
+    pub async fn open(&self, url: &str) -> Result<(Connection, Channel), BrokerError> {
+        let connection = connect(url).await?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| BrokerError::broker(BROKER, "open a channel", e))?;
+        self.declare(&channel).await?;
+        Ok((connection, channel))
+    }
+
     /// Declares everything (idempotent). Fails if the queue exists with other arguments
     /// (for example as a classic queue): delete it or pick another name.
     pub async fn declare(&self, channel: &Channel) -> Result<(), BrokerError> {
@@ -166,12 +177,7 @@ pub struct AmqpPublisher {
 impl AmqpPublisher {
     /// Connects, declares `topology` and enables publisher confirms.
     pub async fn connect(url: &str, topology: &AmqpTopology) -> Result<Self, BrokerError> {
-        let connection = connect(url).await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "open a channel", e))?;
-        topology.declare(&channel).await?;
+        let (connection, channel) = topology.open(url).await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
@@ -244,12 +250,7 @@ impl AmqpSubscriber {
         topology: &AmqpTopology,
         prefetch: u16,
     ) -> Result<Self, BrokerError> {
-        let connection = connect(url).await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "open a channel", e))?;
-        topology.declare(&channel).await?;
+        let (connection, channel) = topology.open(url).await?;
         channel
             .basic_qos(prefetch.max(1), BasicQosOptions::default())
             .await

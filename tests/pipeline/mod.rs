@@ -4,7 +4,7 @@
 //! through the library, and a receipts handler like the example's.
 #![allow(dead_code)]
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, future::Future, time::Duration};
 
 use async_trait::async_trait;
 use sqlx::{PgConnection, PgPool, Postgres};
@@ -373,9 +373,7 @@ impl TestBroker {
     pub async fn publish_raw(&self, id: Option<&str>, body: &[u8]) {
         match self {
             Self::Amqp { url, topology, .. } => {
-                let connection = tower_idempotency::broker::amqp::connect(url).await.unwrap();
-                let channel = connection.create_channel().await.unwrap();
-                topology.declare(&channel).await.unwrap();
+                let (connection, channel) = topology.open(url).await.unwrap();
                 channel
                     .confirm_select(lapin::options::ConfirmSelectOptions::default())
                     .await
@@ -425,8 +423,7 @@ impl TestBroker {
     pub async fn leftovers(&self) -> u64 {
         match self {
             Self::Amqp { url, topology, .. } => {
-                let connection = tower_idempotency::broker::amqp::connect(url).await.unwrap();
-                let channel = connection.create_channel().await.unwrap();
+                let (connection, channel) = topology.open(url).await.unwrap();
                 let queue = channel
                     .queue_declare(
                         &topology.dead_letter_queue(),
@@ -451,5 +448,39 @@ impl TestBroker {
                 info.num_pending + info.num_ack_pending as u64
             }
         }
+    }
+}
+
+/// Runs `test` on a fresh schema with `broker`, then drops the schema and the broker's
+/// names, whether the test passed or not.
+pub async fn with_broker<F, Fut>(broker: TestBroker, test: F)
+where
+    F: FnOnce(Db, TestBroker) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(shared) = Shared::postgres().await else {
+        return;
+    };
+    let cleanup = broker.clone();
+    shared
+        .run(|shared| async {
+            eprintln!("broker: {}", broker.name());
+            test(Db::new(shared).await, broker).await;
+        })
+        .await;
+    cleanup.clean_up().await;
+}
+
+/// Runs `test` once per configured broker (NATS with `nats_ack_wait`).
+pub async fn each_broker<F, Fut>(nats_ack_wait: Duration, test: F)
+where
+    F: Fn(Db, TestBroker) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for broker in [TestBroker::amqp(), TestBroker::nats(nats_ack_wait)]
+        .into_iter()
+        .flatten()
+    {
+        with_broker(broker, &test).await;
     }
 }
