@@ -11,11 +11,12 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use pipeline::{each_broker, tally, TestBroker, WriteReceipt};
+use process::unique;
 use tokio::sync::Barrier;
 use tower_idempotency::{
     broker::{BrokerError, OutgoingMessage, Publisher},
     inbox::{Consumer, Outcome},
-    outbox::{OutboxSource, Relay},
+    outbox::{NewEvent, OutboxSource, PgOutbox, Relay, RelayConfig},
 };
 
 const QUIET: Duration = Duration::from_millis(1500);
@@ -190,6 +191,57 @@ async fn sent_rows_are_purged_in_bounded_batches() {
             .await
             .unwrap();
         assert_eq!(rows, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_commit_wakes_the_relay_without_waiting_for_the_poll() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        // A table (so a NOTIFY channel) of its own: other tests' relays listen too.
+        let outbox = PgOutbox::with_table(db.pool.clone(), &format!("outbox_{}", unique())).unwrap();
+        outbox.migrate().await.unwrap();
+        // Polling once an hour: only the NOTIFY sent at commit can start this batch.
+        let config = RelayConfig {
+            poll_interval: Duration::from_secs(3600),
+            purge_every: Duration::from_secs(3600),
+            ..RelayConfig::default()
+        };
+        let relay = Relay::new(outbox.clone(), broker.publisher().await).config(config);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(relay.run_until(async {
+            let _ = stopped.await;
+        }));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        // Wait until the relay listens (a commit before that is left to the poll).
+        loop {
+            let listening: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND strpos(query, $1) > 0",
+            )
+            .bind(outbox.channel())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            if listening > 0 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the relay never listened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let event = NewEvent::new(pipeline::TOPIC, r#"{"payment_id": "p"}"#);
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox.enqueue(&mut tx, &event).await.unwrap();
+        tx.commit().await.unwrap();
+        while outbox.unsent().await.unwrap() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the commit did not wake the relay"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(broker.drain_ids(QUIET).await, [event.id]);
+        stop.send(()).unwrap();
+        running.await.unwrap();
     })
     .await;
 }
