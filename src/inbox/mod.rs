@@ -11,7 +11,9 @@
 //!
 //! "Busy" is how two copies that overlap are kept apart without holding a pool connection:
 //! on PostgreSQL the claim runs with a short `lock_timeout` (SQLSTATE 55P03), so the second
-//! copy gives its connection back at once instead of waiting on the first one's row lock. It
+//! copy gives its connection back at once instead of waiting on the first one's row lock; on
+//! MySQL / MariaDB with a short `innodb_lock_wait_timeout` (error 1205; 1 s by default, the
+//! smallest MySQL allows). It
 //! retries after a pause; when the first copy commits it sees a duplicate and acks, and when
 //! the first copy dies (its transaction rolls back) it wins the claim and runs.
 //!
@@ -26,10 +28,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 mod consumer;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 
 pub use consumer::{Consumer, ConsumerConfig, Handler, HandlerError, Message, Outcome};
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlInbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgInbox;
 
@@ -61,7 +67,7 @@ pub enum InboxError {
     Config(#[from] crate::store::InvalidTableName),
 }
 
-/// An inbox table. Implemented by [`PgInbox`].
+/// An inbox table: `PgInbox`, `MySqlInbox`.
 #[async_trait]
 pub trait InboxStore: Clone + Send + Sync + 'static {
     /// The database the inbox lives in; the handler's writes go to the same transaction.

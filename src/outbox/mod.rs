@@ -26,11 +26,11 @@
 //!
 //! | backend | rows taken with | wake-up |
 //! |---|---|---|
-//! | PostgreSQL ([`PgOutbox`]) | `FOR UPDATE SKIP LOCKED`: relays share the work | `LISTEN/NOTIFY` on commit, polling as fallback |
+//! | PostgreSQL (`PgOutbox`) | `FOR UPDATE SKIP LOCKED`: relays share the work | `LISTEN/NOTIFY` on commit, polling as fallback |
+//! | MySQL 8 / MariaDB 10.6+ (`MySqlOutbox`) | `FOR UPDATE SKIP LOCKED` | polling |
 //!
-//! MySQL / MariaDB and SQLite are not implemented yet: [`OutboxSource`] is the one trait they
-//! need (MySQL 8 / MariaDB 10.6+ have `FOR UPDATE SKIP LOCKED`; SQLite has one writer, so
-//! its relays would take turns).
+//! SQLite is not implemented yet: [`OutboxSource`] is the one trait it needs (it has one
+//! writer, so its relays would take turns).
 
 use async_trait::async_trait;
 use std::{sync::Arc, time::Duration};
@@ -39,10 +39,14 @@ use tokio::sync::Notify;
 use crate::broker::{BrokerError, Publisher};
 use crate::store::InvalidTableName;
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod relay;
 
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlOutbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgOutbox;
 pub use relay::{Relay, RelayConfig};
@@ -108,7 +112,7 @@ impl From<sqlx::Error> for OutboxError {
     }
 }
 
-/// An outbox table a [`Relay`] can drain. Implemented by [`PgOutbox`].
+/// An outbox table a [`Relay`] can drain: `PgOutbox`, `MySqlOutbox`.
 #[async_trait]
 pub trait OutboxSource: Send + Sync + 'static {
     /// In one transaction: takes up to `limit` unsent rows in sequence order (skipping rows
