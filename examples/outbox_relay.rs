@@ -19,10 +19,10 @@ mod pipeline;
 use std::{process::ExitCode, time::Duration};
 
 use async_trait::async_trait;
-use pipeline::Broker;
+use pipeline::{Broker, Database};
 use tower_idempotency::{
     broker::{amqp::AmqpPublisher, nats::NatsPublisher, BrokerError, OutgoingMessage, Publisher},
-    outbox::{PgOutbox, Relay, RelayConfig},
+    outbox::{MySqlOutbox, OutboxSource, PgOutbox, Relay, RelayConfig},
 };
 
 /// A publisher that lingers after the broker's confirmation (`OUTBOX_CONFIRM_DELAY_MS`).
@@ -47,43 +47,52 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::from_env()?;
-    let pool = sqlx::PgPool::connect(&pipeline::database_url()?).await?;
-    let outbox = PgOutbox::new(pool);
-    outbox.migrate().await?;
     let config = RelayConfig {
         poll_interval: Duration::from_millis(pipeline::number("OUTBOX_POLL_MS", 1000)?),
         ..RelayConfig::default()
     };
     let delay = Duration::from_millis(pipeline::number("OUTBOX_CONFIRM_DELAY_MS", 0)?);
-    match broker {
+    match Database::from_env()? {
+        Database::Postgres(url) => {
+            let outbox = PgOutbox::new(sqlx::PgPool::connect(&url).await?);
+            outbox.migrate().await?;
+            relay(outbox, broker, config, delay).await
+        }
+        Database::MySql(url) => {
+            let outbox = MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?);
+            outbox.migrate().await?;
+            relay(outbox, broker, config, delay).await
+        }
+    }
+}
+
+async fn relay<S: OutboxSource>(
+    outbox: S,
+    broker: Broker,
+    config: RelayConfig,
+    delay: Duration,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let publisher: Box<dyn Publisher> = match broker {
         Broker::Amqp { url, topology } => {
-            let publisher = SlowToMark {
-                publisher: AmqpPublisher::connect(&url, &topology).await?,
-                delay,
-            };
+            let publisher = AmqpPublisher::connect(&url, &topology).await?;
             tracing::info!(exchange = %topology.exchange, "outbox_relay: relaying to RabbitMQ");
-            Relay::new(outbox, publisher)
-                .config(config)
-                .run_until(pipeline::shutdown_signal())
-                .await;
+            Box::new(publisher)
         }
         Broker::Nats {
             url,
             topology,
             subject,
         } => {
-            let publisher = SlowToMark {
-                publisher: NatsPublisher::connect(&url, &topology)
-                    .await?
-                    .route(move |_| subject.clone()),
-                delay,
-            };
+            let publisher = NatsPublisher::connect(&url, &topology)
+                .await?
+                .route(move |_| subject.clone());
             tracing::info!(stream = %topology.stream, "outbox_relay: relaying to NATS JetStream");
-            Relay::new(outbox, publisher)
-                .config(config)
-                .run_until(pipeline::shutdown_signal())
-                .await;
+            Box::new(publisher)
         }
-    }
+    };
+    Relay::new(outbox, SlowToMark { publisher, delay })
+        .config(config)
+        .run_until(pipeline::shutdown_signal())
+        .await;
     Ok(())
 }

@@ -8,7 +8,7 @@
 //!     cargo run --example receipts
 //! ```
 //!
-//! Environment: `DATABASE_URL`, one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
+//! Environment: `DATABASE_URL` (PostgreSQL or MySQL / MariaDB), one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
 //! after writing the receipt, before the commit: the crash window; default 0),
 //! `RECEIPTS_CONCURRENCY` (default 8), `RECEIPTS_ACK_WAIT_MS` (NATS, default 30000),
 //! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`).
@@ -21,43 +21,78 @@ mod pipeline;
 use std::{process::ExitCode, time::Duration};
 
 use async_trait::async_trait;
-use pipeline::Broker;
-use sqlx::{PgConnection, Postgres};
+use pipeline::{Broker, Database};
+use sqlx::{MySql, MySqlConnection, PgConnection, Postgres};
 use tower_idempotency::{
     broker::{amqp::AmqpSubscriber, nats::NatsSubscriber},
-    inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Message, PgInbox},
+    inbox::{
+        Consumer, ConsumerConfig, Handler, HandlerError, InboxStore, Message, MySqlInbox, PgInbox,
+    },
 };
 
-const RECEIPTS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
+const POSTGRES_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
     payment_id TEXT        NOT NULL,
     amount     BIGINT      NOT NULL,
     currency   TEXT        NOT NULL,
     created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 )";
 
+const MYSQL_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
+    payment_id VARCHAR(191) NOT NULL,
+    amount     BIGINT       NOT NULL,
+    currency   VARCHAR(16)  NOT NULL,
+    created_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+)";
+
 struct WriteReceipt {
     delay: Duration,
+}
+
+/// The receipt of `message`, or why the event can never make one.
+fn receipt(message: &Message) -> Result<(&str, i64, &str), HandlerError> {
+    let event = &message.payload;
+    let field = |name: &str| {
+        event
+            .get(name)
+            .ok_or_else(|| HandlerError::Reject(format!("the event has no {name:?}")))
+    };
+    let payment_id = field("payment_id")?
+        .as_str()
+        .ok_or_else(|| HandlerError::Reject("payment_id is not a string".into()))?;
+    let amount = field("amount")?
+        .as_i64()
+        .ok_or_else(|| HandlerError::Reject("amount is not an integer".into()))?;
+    let currency = field("currency")?
+        .as_str()
+        .ok_or_else(|| HandlerError::Reject("currency is not a string".into()))?;
+    Ok((payment_id, amount, currency))
 }
 
 #[async_trait]
 impl Handler<Postgres> for WriteReceipt {
     async fn handle(&self, conn: &mut PgConnection, message: &Message) -> Result<(), HandlerError> {
-        let event = &message.payload;
-        let field = |name: &str| {
-            event
-                .get(name)
-                .ok_or_else(|| HandlerError::Reject(format!("the event has no {name:?}")))
-        };
-        let payment_id = field("payment_id")?
-            .as_str()
-            .ok_or_else(|| HandlerError::Reject("payment_id is not a string".into()))?;
-        let amount = field("amount")?
-            .as_i64()
-            .ok_or_else(|| HandlerError::Reject("amount is not an integer".into()))?;
-        let currency = field("currency")?
-            .as_str()
-            .ok_or_else(|| HandlerError::Reject("currency is not a string".into()))?;
+        let (payment_id, amount, currency) = receipt(message)?;
         sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES ($1, $2, $3)")
+            .bind(payment_id)
+            .bind(amount)
+            .bind(currency)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| HandlerError::Retry(e.into()))?;
+        tokio::time::sleep(self.delay).await;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Handler<MySql> for WriteReceipt {
+    async fn handle(
+        &self,
+        conn: &mut MySqlConnection,
+        message: &Message,
+    ) -> Result<(), HandlerError> {
+        let (payment_id, amount, currency) = receipt(message)?;
+        sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES (?, ?, ?)")
             .bind(payment_id)
             .bind(amount)
             .bind(currency)
@@ -76,26 +111,59 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::from_env()?;
-    let concurrency: usize = pipeline::number("RECEIPTS_CONCURRENCY", 8)?;
+    let concurrency: usize = pipeline::number::<usize>("RECEIPTS_CONCURRENCY", 8)?.max(1);
     let config = ConsumerConfig {
-        concurrency: concurrency.max(1),
+        concurrency,
         retention: Duration::from_secs(pipeline::number("INBOX_RETENTION_SECS", 7 * 24 * 3600)?),
         ..ConsumerConfig::default()
     };
     let handler = WriteReceipt {
         delay: Duration::from_millis(pipeline::number("RECEIPTS_DELAY_MS", 0)?),
     };
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(u32::try_from(concurrency).unwrap_or(u32::MAX).clamp(2, 64))
-        .connect(&pipeline::database_url()?)
-        .await?;
-    let inbox = PgInbox::new(pool.clone());
-    inbox.migrate().await?;
-    sqlx::query(RECEIPTS_SCHEMA).execute(&pool).await?;
-    let prefetch = u16::try_from(concurrency).unwrap_or(u16::MAX);
-    let consumer = Consumer::with_config("receipts", inbox, handler, config);
+    // One connection per message in flight, one for purging.
+    let connections = u32::try_from(concurrency + 1).unwrap_or(u32::MAX);
+    match Database::from_env()? {
+        Database::Postgres(url) => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(connections)
+                .connect(&url)
+                .await?;
+            let inbox = PgInbox::new(pool.clone());
+            inbox.migrate().await?;
+            sqlx::query(POSTGRES_SCHEMA).execute(&pool).await?;
+            consume(
+                Consumer::with_config("receipts", inbox, handler, config),
+                broker,
+                concurrency,
+            )
+            .await
+        }
+        Database::MySql(url) => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(connections)
+                .connect(&url)
+                .await?;
+            let inbox = MySqlInbox::new(pool.clone());
+            inbox.migrate().await?;
+            sqlx::query(MYSQL_SCHEMA).execute(&pool).await?;
+            consume(
+                Consumer::with_config("receipts", inbox, handler, config),
+                broker,
+                concurrency,
+            )
+            .await
+        }
+    }
+}
+
+async fn consume<I: InboxStore, H: Handler<I::Database>>(
+    consumer: Consumer<I, H>,
+    broker: Broker,
+    concurrency: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     match broker {
         Broker::Amqp { url, topology } => {
+            let prefetch = u16::try_from(concurrency).unwrap_or(u16::MAX);
             let subscriber = AmqpSubscriber::connect(&url, &topology, prefetch).await?;
             tracing::info!(queue = %topology.queue, "receipts: consuming from RabbitMQ");
             consumer

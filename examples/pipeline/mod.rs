@@ -66,14 +66,28 @@ impl Broker {
     }
 }
 
-/// `DATABASE_URL`, which must be PostgreSQL for now.
-pub fn database_url() -> Result<String, String> {
-    match var("DATABASE_URL") {
-        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => Ok(url),
-        Some(url) => Err(format!(
-            "DATABASE_URL={url:?}: the outbox and the inbox support only PostgreSQL so far; use a postgres:// URL"
-        )),
-        None => Err("set DATABASE_URL (a postgres:// URL)".to_owned()),
+/// The database `DATABASE_URL` names.
+pub enum Database {
+    Postgres(String),
+    MySql(String),
+}
+
+impl Database {
+    /// From `DATABASE_URL`: PostgreSQL or MySQL / MariaDB (SQLite has no outbox or inbox
+    /// yet).
+    pub fn from_env() -> Result<Self, String> {
+        match var("DATABASE_URL") {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Database::Postgres(url))
+            }
+            Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+                Ok(Database::MySql(url))
+            }
+            Some(url) => Err(format!(
+                "DATABASE_URL={url:?}: the outbox and the inbox support PostgreSQL and MySQL / MariaDB so far; use a postgres:// or mysql:// URL"
+            )),
+            None => Err("set DATABASE_URL (a postgres:// or mysql:// URL)".to_owned()),
+        }
     }
 }
 
