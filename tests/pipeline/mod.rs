@@ -7,7 +7,7 @@
 use std::{collections::HashMap, future::Future, time::Duration};
 
 use async_trait::async_trait;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{MySqlPool, PgConnection, PgPool, Postgres};
 use tower_idempotency::{
     broker::{
         amqp::{lapin, AmqpPublisher, AmqpSubscriber, AmqpTopology},
@@ -15,7 +15,7 @@ use tower_idempotency::{
         Delivery, Publisher, Subscriber,
     },
     inbox::{Consumer, Handler, HandlerError, Message, Outcome, PgInbox},
-    outbox::{NewEvent, PgOutbox},
+    outbox::{MySqlOutbox, NewEvent, PgOutbox},
 };
 
 use crate::process::{
@@ -483,4 +483,126 @@ where
     {
         with_broker(broker, &test).await;
     }
+}
+
+/// What a process test needs of the database the examples share, whichever it is.
+#[async_trait]
+pub trait PipelineDb: Send + Sync + 'static {
+    /// The examples' `DATABASE_URL`.
+    fn url(&self) -> &str;
+    /// Commits (or rolls back) a payment with its outbox event; returns the payment id.
+    async fn pay(&self, commit: bool) -> String;
+    /// `payment_id -> number of receipts`.
+    async fn receipts(&self) -> HashMap<String, i64>;
+    /// Outbox rows not sent yet.
+    async fn unsent(&self) -> i64;
+}
+
+#[async_trait]
+impl PipelineDb for Db {
+    fn url(&self) -> &str {
+        &self.url
+    }
+    async fn pay(&self, commit: bool) -> String {
+        Db::pay(self, commit).await.0
+    }
+    async fn receipts(&self) -> HashMap<String, i64> {
+        Db::receipts(self).await
+    }
+    async fn unsent(&self) -> i64 {
+        Db::unsent(self).await
+    }
+}
+
+/// A fresh MySQL / MariaDB database with the same tables as [`Db`].
+pub struct MyDb {
+    pub url: String,
+    pub pool: MySqlPool,
+    pub outbox: MySqlOutbox,
+}
+
+impl MyDb {
+    async fn new(url: String) -> Self {
+        let pool = MySqlPool::connect(&url)
+            .await
+            .expect("connect to the test database");
+        let outbox = MySqlOutbox::new(pool.clone());
+        outbox.migrate().await.expect("migrate the outbox");
+        sqlx::query("CREATE TABLE payments (id VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL)")
+            .execute(&pool)
+            .await
+            .expect("create payments");
+        Self { url, pool, outbox }
+    }
+}
+
+#[async_trait]
+impl PipelineDb for MyDb {
+    fn url(&self) -> &str {
+        &self.url
+    }
+    async fn pay(&self, commit: bool) -> String {
+        let payment_id = format!("pay_{}", unique());
+        let event_id = NewEvent::fresh_id();
+        let payload = serde_json::json!({
+            "event_id": event_id, "payment_id": payment_id, "amount": 1200, "currency": "EUR"
+        });
+        let mut tx = self.pool.begin().await.expect("begin");
+        sqlx::query("INSERT INTO payments (id, amount) VALUES (?, 1200)")
+            .bind(&payment_id)
+            .execute(&mut *tx)
+            .await
+            .expect("insert payment");
+        self.outbox
+            .enqueue(
+                &mut tx,
+                &NewEvent::with_id(&event_id, TOPIC, payload.to_string()),
+            )
+            .await
+            .expect("enqueue");
+        if commit {
+            tx.commit().await.expect("commit");
+        } else {
+            tx.rollback().await.expect("rollback");
+        }
+        payment_id
+    }
+    async fn receipts(&self) -> HashMap<String, i64> {
+        // The receipts consumer creates the table when it starts.
+        sqlx::query_as("SELECT payment_id, count(*) FROM receipts GROUP BY payment_id")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect()
+    }
+    async fn unsent(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM tower_outbox WHERE sent_at IS NULL")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count unsent")
+    }
+}
+
+/// Like [`with_broker`], on a fresh MySQL / MariaDB database.
+pub async fn with_mysql_broker<F, Fut>(broker: TestBroker, test: F)
+where
+    F: FnOnce(MyDb, TestBroker) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(shared) = Shared::mysql().await else {
+        return;
+    };
+    let Shared::MySql { url, .. } = &shared else {
+        unreachable!()
+    };
+    let url = url.clone();
+    let cleanup = broker.clone();
+    shared
+        .run(|_| async {
+            eprintln!("broker: {} on mysql", broker.name());
+            test(MyDb::new(url).await, broker).await;
+        })
+        .await;
+    cleanup.clean_up().await;
 }
