@@ -13,7 +13,8 @@
 //! on PostgreSQL the claim runs with a short `lock_timeout` (SQLSTATE 55P03), so the second
 //! copy gives its connection back at once instead of waiting on the first one's row lock; on
 //! MySQL / MariaDB with a short `innodb_lock_wait_timeout` (error 1205; 1 s by default, the
-//! smallest MySQL allows). It
+//! smallest MySQL allows). SQLite has one writer: the second copy waits for the lock and then
+//! sees the first one's outcome. It
 //! retries after a pause; when the first copy commits it sees a duplicate and acks, and when
 //! the first copy dies (its transaction rolls back) it wins the claim and runs.
 //!
@@ -32,12 +33,16 @@ mod consumer;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 pub use consumer::{Consumer, ConsumerConfig, Handler, HandlerError, Message, Outcome};
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlInbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgInbox;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteInbox;
 
 /// The default inbox table.
 pub const DEFAULT_TABLE: &str = "tower_inbox";
@@ -67,7 +72,7 @@ pub enum InboxError {
     Config(#[from] crate::store::InvalidTableName),
 }
 
-/// An inbox table: `PgInbox`, `MySqlInbox`.
+/// An inbox table: `PgInbox`, `MySqlInbox`, `SqliteInbox`.
 #[async_trait]
 pub trait InboxStore: Clone + Send + Sync + 'static {
     /// The database the inbox lives in; the handler's writes go to the same transaction.

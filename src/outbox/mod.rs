@@ -28,9 +28,7 @@
 //! |---|---|---|
 //! | PostgreSQL (`PgOutbox`) | `FOR UPDATE SKIP LOCKED`: relays share the work | `LISTEN/NOTIFY` on commit, polling as fallback |
 //! | MySQL 8 / MariaDB 10.6+ (`MySqlOutbox`) | `FOR UPDATE SKIP LOCKED` | polling |
-//!
-//! SQLite is not implemented yet: [`OutboxSource`] is the one trait it needs (it has one
-//! writer, so its relays would take turns).
+//! | SQLite (`SqliteOutbox`) | `BEGIN IMMEDIATE`: one writer, so relays take turns | polling |
 
 use async_trait::async_trait;
 use std::{sync::Arc, time::Duration};
@@ -44,12 +42,16 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod relay;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlOutbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgOutbox;
 pub use relay::{Relay, RelayConfig};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteOutbox;
 
 /// The default outbox table.
 pub const DEFAULT_TABLE: &str = "tower_outbox";
@@ -112,7 +114,7 @@ impl From<sqlx::Error> for OutboxError {
     }
 }
 
-/// An outbox table a [`Relay`] can drain: `PgOutbox`, `MySqlOutbox`.
+/// An outbox table a [`Relay`] can drain: `PgOutbox`, `MySqlOutbox`, `SqliteOutbox`.
 #[async_trait]
 pub trait OutboxSource: Send + Sync + 'static {
     /// In one transaction: takes up to `limit` unsent rows in sequence order (skipping rows

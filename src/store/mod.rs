@@ -47,7 +47,7 @@ mod redis;
 #[cfg(feature = "sqlx")]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod sqlite;
 #[cfg(feature = "sqlx")]
 mod table_name;
 
