@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use pipeline::{Broker, Database};
 use tower_idempotency::{
     broker::{amqp::AmqpPublisher, nats::NatsPublisher, BrokerError, OutgoingMessage, Publisher},
-    outbox::{MySqlOutbox, OutboxSource, PgOutbox, Relay, RelayConfig},
+    outbox::{MySqlOutbox, OutboxSource, PgOutbox, Relay, RelayConfig, SqliteOutbox},
 };
 
 /// A publisher that lingers after the broker's confirmation (`OUTBOX_CONFIRM_DELAY_MS`).
@@ -60,6 +60,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         Database::MySql(url) => {
             let outbox = MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?);
+            outbox.migrate().await?;
+            relay(outbox, broker, config, delay).await
+        }
+        Database::Sqlite(url) => {
+            let outbox = SqliteOutbox::new(pipeline::sqlite_pool(&url, 2).await?);
             outbox.migrate().await?;
             relay(outbox, broker, config, delay).await
         }

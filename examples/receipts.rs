@@ -8,7 +8,7 @@
 //!     cargo run --example receipts
 //! ```
 //!
-//! Environment: `DATABASE_URL` (PostgreSQL or MySQL / MariaDB), one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
+//! Environment: `DATABASE_URL` (PostgreSQL, MySQL / MariaDB or SQLite), one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
 //! after writing the receipt, before the commit: the crash window; default 0),
 //! `RECEIPTS_CONCURRENCY` (default 8), `RECEIPTS_ACK_WAIT_MS` (NATS, default 30000),
 //! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`).
@@ -22,11 +22,12 @@ use std::{process::ExitCode, time::Duration};
 
 use async_trait::async_trait;
 use pipeline::{Broker, Database};
-use sqlx::{MySql, MySqlConnection, PgConnection, Postgres};
+use sqlx::{MySql, MySqlConnection, PgConnection, Postgres, Sqlite, SqliteConnection};
 use tower_idempotency::{
     broker::{amqp::AmqpSubscriber, nats::NatsSubscriber},
     inbox::{
         Consumer, ConsumerConfig, Handler, HandlerError, InboxStore, Message, MySqlInbox, PgInbox,
+        SqliteInbox,
     },
 };
 
@@ -35,6 +36,13 @@ const POSTGRES_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
     amount     BIGINT      NOT NULL,
     currency   TEXT        NOT NULL,
     created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)";
+
+const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
+    payment_id TEXT    NOT NULL,
+    amount     INTEGER NOT NULL,
+    currency   TEXT    NOT NULL,
+    created_at TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP
 )";
 
 const MYSQL_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
@@ -104,6 +112,26 @@ impl Handler<MySql> for WriteReceipt {
     }
 }
 
+#[async_trait]
+impl Handler<Sqlite> for WriteReceipt {
+    async fn handle(
+        &self,
+        conn: &mut SqliteConnection,
+        message: &Message,
+    ) -> Result<(), HandlerError> {
+        let (payment_id, amount, currency) = receipt(message)?;
+        sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES (?1, ?2, ?3)")
+            .bind(payment_id)
+            .bind(amount)
+            .bind(currency)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| HandlerError::Retry(e.into()))?;
+        tokio::time::sleep(self.delay).await;
+        Ok(())
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     pipeline::main("receipts", run()).await
@@ -146,6 +174,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let inbox = MySqlInbox::new(pool.clone());
             inbox.migrate().await?;
             sqlx::query(MYSQL_SCHEMA).execute(&pool).await?;
+            consume(
+                Consumer::with_config("receipts", inbox, handler, config),
+                broker,
+                concurrency,
+            )
+            .await
+        }
+        Database::Sqlite(url) => {
+            let pool = pipeline::sqlite_pool(&url, connections).await?;
+            let inbox = SqliteInbox::new(pool.clone());
+            inbox.migrate().await?;
+            sqlx::query(SQLITE_SCHEMA).execute(&pool).await?;
             consume(
                 Consumer::with_config("receipts", inbox, handler, config),
                 broker,

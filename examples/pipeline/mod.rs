@@ -70,11 +70,11 @@ impl Broker {
 pub enum Database {
     Postgres(String),
     MySql(String),
+    Sqlite(String),
 }
 
 impl Database {
-    /// From `DATABASE_URL`: PostgreSQL or MySQL / MariaDB (SQLite has no outbox or inbox
-    /// yet).
+    /// From `DATABASE_URL`: PostgreSQL, MySQL / MariaDB or SQLite.
     pub fn from_env() -> Result<Self, String> {
         match var("DATABASE_URL") {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
@@ -83,10 +83,11 @@ impl Database {
             Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
                 Ok(Database::MySql(url))
             }
+            Some(url) if url.starts_with("sqlite:") => Ok(Database::Sqlite(url)),
             Some(url) => Err(format!(
-                "DATABASE_URL={url:?}: the outbox and the inbox support PostgreSQL and MySQL / MariaDB so far; use a postgres:// or mysql:// URL"
+                "DATABASE_URL={url:?} is not a postgres://, mysql:// or sqlite:// URL"
             )),
-            None => Err("set DATABASE_URL (a postgres:// or mysql:// URL)".to_owned()),
+            None => Err("set DATABASE_URL (a postgres://, mysql:// or sqlite:// URL)".to_owned()),
         }
     }
 }
@@ -136,4 +137,15 @@ where
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// A SQLite pool on `url`, creating the file if needed.
+pub async fn sqlite_pool(url: &str, connections: u32) -> Result<sqlx::SqlitePool, sqlx::Error> {
+    let options = url
+        .parse::<sqlx::sqlite::SqliteConnectOptions>()?
+        .create_if_missing(true);
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(connections)
+        .connect_with(options)
+        .await
 }
