@@ -38,6 +38,10 @@ impl<P: Publisher> Publisher for SlowToMark<P> {
         tokio::time::sleep(self.delay).await;
         Ok(())
     }
+
+    async fn close(&self) {
+        self.publisher.close().await;
+    }
 }
 
 #[tokio::main]

@@ -168,8 +168,7 @@ pub async fn connect(url: &str) -> Result<Connection, BrokerError> {
 /// Publishes to the topology's exchange with the message's topic as routing key, and waits
 /// for publisher confirms.
 pub struct AmqpPublisher {
-    // Kept so the connection lives as long as the publisher.
-    _connection: Connection,
+    connection: Connection,
     channel: Channel,
     exchange: String,
 }
@@ -183,7 +182,7 @@ impl AmqpPublisher {
             .await
             .map_err(|e| BrokerError::broker(BROKER, "enable publisher confirms", e))?;
         Ok(Self {
-            _connection: connection,
+            connection,
             channel,
             exchange: topology.exchange.clone(),
         })
@@ -234,11 +233,15 @@ impl Publisher for AmqpPublisher {
         }
         Ok(())
     }
+
+    async fn close(&self) {
+        let _ = self.connection.close(200, "relay stopped").await;
+    }
 }
 
 /// Consumes the topology's queue with manual acks.
 pub struct AmqpSubscriber {
-    _connection: Connection,
+    connection: Connection,
     consumer: lapin::Consumer,
 }
 
@@ -265,7 +268,7 @@ impl AmqpSubscriber {
             .await
             .map_err(|e| BrokerError::broker(BROKER, "consume", e))?;
         Ok(Self {
-            _connection: connection,
+            connection,
             consumer,
         })
     }
@@ -281,6 +284,11 @@ impl Subscriber for AmqpSubscriber {
             Some(Err(e)) => Err(BrokerError::broker(BROKER, "receive", e)),
             None => Err(BrokerError::Closed { broker: BROKER }),
         }
+    }
+
+    async fn close(self) {
+        // Deliveries still unacknowledged go back to the queue.
+        let _ = self.connection.close(200, "consumer stopped").await;
     }
 }
 

@@ -41,6 +41,9 @@ pub trait Publisher: Send + Sync + 'static {
     /// (stored durably). On an error some of them may have been published anyway: the caller
     /// keeps them unsent and publishes them again (consumers deduplicate by id).
     async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError>;
+
+    /// Closes the connection politely (a relay calls it when it stops). Default: nothing.
+    async fn close(&self) {}
 }
 
 #[async_trait]
@@ -48,12 +51,20 @@ impl<P: Publisher + ?Sized> Publisher for Box<P> {
     async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
         (**self).publish_confirmed(messages).await
     }
+
+    async fn close(&self) {
+        (**self).close().await
+    }
 }
 
 #[async_trait]
 impl<P: Publisher + ?Sized> Publisher for std::sync::Arc<P> {
     async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
         (**self).publish_confirmed(messages).await
+    }
+
+    async fn close(&self) {
+        (**self).close().await
     }
 }
 
@@ -66,6 +77,14 @@ pub trait Subscriber: Send + 'static {
     /// The next delivery; waits until one arrives. An error means the connection is gone:
     /// unacknowledged deliveries go back to the broker by themselves.
     async fn next(&mut self) -> Result<Self::Delivery, BrokerError>;
+
+    /// Closes the connection politely once every delivery is settled (a consumer calls it
+    /// when it stops). Default: nothing.
+    async fn close(self)
+    where
+        Self: Sized,
+    {
+    }
 }
 
 /// One delivered copy of a message. Exactly one of [`ack`](Self::ack),

@@ -177,6 +177,7 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
             }
         };
         while running.join_next().await.is_some() {}
+        subscriber.close().await;
         result
     }
 

@@ -115,6 +115,7 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         if let Some(listener) = listener {
             listener.abort();
         }
+        self.publisher.close().await;
     }
 
     async fn purge(&self) {
