@@ -76,61 +76,47 @@ fn receipt(message: &Message) -> Result<(&str, i64, &str), HandlerError> {
     Ok((payment_id, amount, currency))
 }
 
-#[async_trait]
-impl Handler<Postgres> for WriteReceipt {
-    async fn handle(&self, conn: &mut PgConnection, message: &Message) -> Result<(), HandlerError> {
-        let (payment_id, amount, currency) = receipt(message)?;
-        sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES ($1, $2, $3)")
-            .bind(payment_id)
-            .bind(amount)
-            .bind(currency)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| HandlerError::Retry(e.into()))?;
-        tokio::time::sleep(self.delay).await;
-        Ok(())
-    }
+/// The handler on one database: only the SQL placeholders differ.
+macro_rules! write_receipt_on {
+    ($db:ty, $conn:ty, $insert:literal) => {
+        #[async_trait]
+        impl Handler<$db> for WriteReceipt {
+            async fn handle(
+                &self,
+                conn: &mut $conn,
+                message: &Message,
+            ) -> Result<(), HandlerError> {
+                let (payment_id, amount, currency) = receipt(message)?;
+                sqlx::query($insert)
+                    .bind(payment_id)
+                    .bind(amount)
+                    .bind(currency)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| HandlerError::Retry(e.into()))?;
+                // The crash window: the receipt is written, the transaction not committed.
+                tokio::time::sleep(self.delay).await;
+                Ok(())
+            }
+        }
+    };
 }
 
-#[async_trait]
-impl Handler<MySql> for WriteReceipt {
-    async fn handle(
-        &self,
-        conn: &mut MySqlConnection,
-        message: &Message,
-    ) -> Result<(), HandlerError> {
-        let (payment_id, amount, currency) = receipt(message)?;
-        sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES (?, ?, ?)")
-            .bind(payment_id)
-            .bind(amount)
-            .bind(currency)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| HandlerError::Retry(e.into()))?;
-        tokio::time::sleep(self.delay).await;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Handler<Sqlite> for WriteReceipt {
-    async fn handle(
-        &self,
-        conn: &mut SqliteConnection,
-        message: &Message,
-    ) -> Result<(), HandlerError> {
-        let (payment_id, amount, currency) = receipt(message)?;
-        sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES (?1, ?2, ?3)")
-            .bind(payment_id)
-            .bind(amount)
-            .bind(currency)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| HandlerError::Retry(e.into()))?;
-        tokio::time::sleep(self.delay).await;
-        Ok(())
-    }
-}
+write_receipt_on!(
+    Postgres,
+    PgConnection,
+    "INSERT INTO receipts (payment_id, amount, currency) VALUES ($1, $2, $3)"
+);
+write_receipt_on!(
+    MySql,
+    MySqlConnection,
+    "INSERT INTO receipts (payment_id, amount, currency) VALUES (?, ?, ?)"
+);
+write_receipt_on!(
+    Sqlite,
+    SqliteConnection,
+    "INSERT INTO receipts (payment_id, amount, currency) VALUES (?1, ?2, ?3)"
+);
 
 #[tokio::main]
 async fn main() -> ExitCode {

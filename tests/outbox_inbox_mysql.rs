@@ -9,7 +9,7 @@ mod process;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use pipeline::{tally, TestBroker, TOPIC};
+use pipeline::{race_relays, tally, TestBroker, TOPIC};
 use process::shared::Shared;
 use sqlx::MySqlPool;
 use tokio::sync::Barrier;
@@ -71,28 +71,8 @@ async fn racing_relays_publish_every_committed_row_once_and_no_rolled_back_row()
         outbox.migrate().await.unwrap();
         let committed = enqueue(&pool, &outbox, 120, true).await;
         enqueue(&pool, &outbox, 10, false).await;
-        let relays = 3;
-        let barrier = Arc::new(Barrier::new(relays));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..relays {
-            let (outbox, barrier) = (outbox.clone(), barrier.clone());
-            let publisher = broker.publisher().await;
-            tasks.spawn(async move {
-                barrier.wait().await;
-                let mut sent = 0;
-                loop {
-                    let n = outbox
-                        .relay_batch(&publisher, 5)
-                        .await
-                        .expect("relay batch");
-                    if n == 0 {
-                        return sent;
-                    }
-                    sent += n;
-                }
-            });
-        }
-        let per_relay = tasks.join_all().await;
+        // Small batches, so the relays really interleave.
+        let per_relay = race_relays(&outbox, &broker, 3, 5).await;
         assert_eq!(
             per_relay.iter().sum::<usize>(),
             committed.len(),

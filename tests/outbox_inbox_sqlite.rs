@@ -7,7 +7,7 @@ mod process;
 
 use std::{collections::HashSet, str::FromStr, sync::Arc, time::Duration};
 
-use pipeline::{tally, TestBroker, TOPIC};
+use pipeline::{race_relays, tally, TestBroker, TOPIC};
 use process::shared::Shared;
 use sqlx::{sqlite::SqliteConnectOptions, SqlitePool};
 use tokio::sync::Barrier;
@@ -56,28 +56,8 @@ async fn relays_take_turns_and_publish_every_committed_row_once() {
                 committed.insert(event.id);
             }
         }
-        let relays = 3;
-        let barrier = Arc::new(Barrier::new(relays));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..relays {
-            let (outbox, barrier) = (outbox.clone(), barrier.clone());
-            let publisher = broker.publisher().await;
-            tasks.spawn(async move {
-                barrier.wait().await;
-                let mut sent = 0;
-                loop {
-                    let n = outbox
-                        .relay_batch(&publisher, 4)
-                        .await
-                        .expect("relay batch");
-                    if n == 0 {
-                        return sent;
-                    }
-                    sent += n;
-                }
-            });
-        }
-        let per_relay = tasks.join_all().await;
+        // Small batches, so the relays really interleave.
+        let per_relay = race_relays(&outbox, &broker, 3, 4).await;
         assert_eq!(
             per_relay.iter().sum::<usize>(),
             committed.len(),

@@ -7,12 +7,11 @@
 mod pipeline;
 mod process;
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{collections::HashSet, time::Duration};
 
 use async_trait::async_trait;
-use pipeline::{each_broker, tally, TestBroker, WriteReceipt};
+use pipeline::{each_broker, race_relays, tally, TestBroker, WriteReceipt};
 use process::unique;
-use tokio::sync::Barrier;
 use tower_idempotency::{
     broker::{BrokerError, OutgoingMessage, Publisher},
     inbox::{Consumer, Outcome},
@@ -63,29 +62,8 @@ async fn racing_relays_lose_no_row_and_publish_none_twice() {
         for _ in 0..200 {
             events.insert(db.pay(true).await.1);
         }
-        let relays = 4;
-        let barrier = Arc::new(Barrier::new(relays));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..relays {
-            let (outbox, barrier) = (db.outbox.clone(), barrier.clone());
-            let publisher = broker.publisher().await;
-            tasks.spawn(async move {
-                barrier.wait().await;
-                // Small batches, so the relays really interleave.
-                let mut sent = 0;
-                loop {
-                    let n = outbox
-                        .relay_batch(&publisher, 5)
-                        .await
-                        .expect("relay batch");
-                    if n == 0 {
-                        return sent;
-                    }
-                    sent += n;
-                }
-            });
-        }
-        let per_relay = tasks.join_all().await;
+        // Small batches, so the relays really interleave.
+        let per_relay = race_relays(&db.outbox, &broker, 4, 5).await;
         assert_eq!(
             per_relay.iter().sum::<usize>(),
             events.len(),

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use std::{sync::Arc, time::Duration};
 use tokio::sync::Notify;
 
-use crate::broker::{BrokerError, Publisher};
+use crate::broker::{BrokerError, OutgoingMessage, Publisher};
 use crate::store::InvalidTableName;
 
 #[cfg(feature = "mysql")]
@@ -138,6 +138,34 @@ pub trait OutboxSource: Send + Sync + 'static {
         let _ = wake;
         None
     }
+}
+
+/// The sequence numbers and messages of rows `seq, id, topic, payload` taken by a relay.
+fn decode_batch<R>(rows: Vec<R>) -> Result<(Vec<i64>, Vec<OutgoingMessage>), sqlx::Error>
+where
+    R: sqlx::Row,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+{
+    let mut seqs = Vec::with_capacity(rows.len());
+    let mut messages = Vec::with_capacity(rows.len());
+    for row in rows {
+        seqs.push(row.try_get("seq")?);
+        messages.push(OutgoingMessage {
+            id: row.try_get("id")?,
+            topic: row.try_get("topic")?,
+            payload: row.try_get("payload")?,
+        });
+    }
+    Ok((seqs, messages))
+}
+
+/// `<prefix>(?, ?, ...)` with one placeholder per row, for the dialects without arrays.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn with_placeholders(prefix: &str, n: usize) -> String {
+    format!("{prefix}({})", vec!["?"; n].join(", "))
 }
 
 /// Converts a count from the database, which never is negative.

@@ -3,11 +3,11 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use sqlx::{postgres::PgListener, PgConnection, PgPool, Row};
+use sqlx::{postgres::PgListener, PgConnection, PgPool};
 use tokio::sync::Notify;
 
-use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
-use crate::broker::{OutgoingMessage, Publisher};
+use super::{count, decode_batch, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
+use crate::broker::Publisher;
 use crate::store::{sql, TableName};
 
 /// The outbox table on PostgreSQL. Clones share the pool.
@@ -142,16 +142,7 @@ impl OutboxSource for PgOutbox {
         if rows.is_empty() {
             return Ok(0);
         }
-        let mut seqs = Vec::with_capacity(rows.len());
-        let mut messages = Vec::with_capacity(rows.len());
-        for row in rows {
-            seqs.push(row.try_get::<i64, _>("seq")?);
-            messages.push(OutgoingMessage {
-                id: row.try_get("id")?,
-                topic: row.try_get("topic")?,
-                payload: row.try_get("payload")?,
-            });
-        }
+        let (seqs, messages) = decode_batch(rows)?;
         // The row locks are held across the publish: another relay skips these rows instead
         // of publishing them too. A crash from here to the commit leaves them unsent.
         publisher.publish_confirmed(&messages).await?;

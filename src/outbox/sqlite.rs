@@ -3,10 +3,12 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use sqlx::{Row, SqliteConnection, SqlitePool};
+use sqlx::{SqliteConnection, SqlitePool};
 
-use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
-use crate::broker::{OutgoingMessage, Publisher};
+use super::{
+    count, decode_batch, with_placeholders, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE,
+};
+use crate::broker::Publisher;
 use crate::store::{sqlite::NOW_MS, TableName};
 
 /// The outbox table on SQLite. Clones share the pool.
@@ -121,19 +123,9 @@ impl OutboxSource for SqliteOutbox {
         if rows.is_empty() {
             return Ok(0);
         }
-        let mut seqs = Vec::with_capacity(rows.len());
-        let mut messages = Vec::with_capacity(rows.len());
-        for row in rows {
-            seqs.push(row.try_get::<i64, _>("seq")?);
-            messages.push(OutgoingMessage {
-                id: row.try_get("id")?,
-                topic: row.try_get("topic")?,
-                payload: row.try_get("payload")?,
-            });
-        }
+        let (seqs, messages) = decode_batch(rows)?;
         publisher.publish_confirmed(&messages).await?;
-        let placeholders = vec!["?"; seqs.len()].join(", ");
-        let mark = format!("{}({placeholders})", self.sql.mark);
+        let mark = with_placeholders(&self.sql.mark, seqs.len());
         let mut query = sqlx::query(&mark);
         for seq in &seqs {
             query = query.bind(seq);

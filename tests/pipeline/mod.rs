@@ -4,7 +4,7 @@
 //! through the library, and a receipts handler like the example's.
 #![allow(dead_code)]
 
-use std::{collections::HashMap, future::Future, time::Duration};
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use sqlx::{MySqlPool, PgConnection, PgPool, Postgres};
@@ -15,7 +15,7 @@ use tower_idempotency::{
         Delivery, Publisher, Subscriber,
     },
     inbox::{Consumer, Handler, HandlerError, Message, Outcome, PgInbox},
-    outbox::{MySqlOutbox, NewEvent, PgOutbox},
+    outbox::{MySqlOutbox, NewEvent, OutboxSource, PgOutbox},
 };
 
 use crate::process::{
@@ -292,30 +292,20 @@ impl Db {
     /// The producer: one transaction with a payment row and its `payment.created` outbox
     /// row, committed (or rolled back). Returns the payment id and the event id.
     pub async fn pay(&self, commit: bool) -> (String, String) {
-        let payment_id = format!("pay_{}", unique());
-        let event_id = NewEvent::fresh_id();
-        let payload = serde_json::json!({
-            "event_id": event_id, "payment_id": payment_id, "amount": 1200, "currency": "EUR"
-        });
+        let (payment_id, event) = payment_event();
         let mut tx = self.pool.begin().await.expect("begin");
         sqlx::query("INSERT INTO payments (id, amount, currency) VALUES ($1, 1200, 'EUR')")
             .bind(&payment_id)
             .execute(&mut *tx)
             .await
             .expect("insert payment");
-        self.outbox
-            .enqueue(
-                &mut tx,
-                &NewEvent::with_id(&event_id, TOPIC, payload.to_string()),
-            )
-            .await
-            .expect("enqueue");
+        self.outbox.enqueue(&mut tx, &event).await.expect("enqueue");
         if commit {
             tx.commit().await.expect("commit");
         } else {
             tx.rollback().await.expect("rollback");
         }
-        (payment_id, event_id)
+        (payment_id, event.id)
     }
 
     pub async fn unsent(&self) -> i64 {
@@ -542,24 +532,14 @@ impl PipelineDb for MyDb {
         &self.url
     }
     async fn pay(&self, commit: bool) -> String {
-        let payment_id = format!("pay_{}", unique());
-        let event_id = NewEvent::fresh_id();
-        let payload = serde_json::json!({
-            "event_id": event_id, "payment_id": payment_id, "amount": 1200, "currency": "EUR"
-        });
+        let (payment_id, event) = payment_event();
         let mut tx = self.pool.begin().await.expect("begin");
         sqlx::query("INSERT INTO payments (id, amount) VALUES (?, 1200)")
             .bind(&payment_id)
             .execute(&mut *tx)
             .await
             .expect("insert payment");
-        self.outbox
-            .enqueue(
-                &mut tx,
-                &NewEvent::with_id(&event_id, TOPIC, payload.to_string()),
-            )
-            .await
-            .expect("enqueue");
+        self.outbox.enqueue(&mut tx, &event).await.expect("enqueue");
         if commit {
             tx.commit().await.expect("commit");
         } else {
@@ -605,4 +585,46 @@ where
         })
         .await;
     cleanup.clean_up().await;
+}
+
+/// A fresh payment id and its `payment.created` event, as the example describes it.
+pub fn payment_event() -> (String, NewEvent) {
+    let payment_id = format!("pay_{}", unique());
+    let event_id = NewEvent::fresh_id();
+    let payload = serde_json::json!({
+        "event_id": event_id, "payment_id": payment_id, "amount": 1200, "currency": "EUR"
+    });
+    let event = NewEvent::with_id(event_id, TOPIC, payload.to_string());
+    (payment_id, event)
+}
+
+/// Runs `relays` relays on `outbox` at once (released by a barrier), each taking batches of
+/// `batch` until none is left; returns how many rows each sent.
+pub async fn race_relays<S: OutboxSource + Clone>(
+    outbox: &S,
+    broker: &TestBroker,
+    relays: usize,
+    batch: u32,
+) -> Vec<usize> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(relays));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..relays {
+        let (outbox, barrier) = (outbox.clone(), barrier.clone());
+        let publisher = broker.publisher().await;
+        tasks.spawn(async move {
+            barrier.wait().await;
+            let mut sent = 0;
+            loop {
+                let n = outbox
+                    .relay_batch(&publisher, batch)
+                    .await
+                    .expect("relay batch");
+                if n == 0 {
+                    return sent;
+                }
+                sent += n;
+            }
+        });
+    }
+    tasks.join_all().await
 }
