@@ -157,6 +157,7 @@ impl BrokerError {
 }
 
 /// An error with its sources, for one log line.
+#[cfg(feature = "sqlx")] // the relay and the consumer log with it
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
