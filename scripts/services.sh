@@ -1,5 +1,5 @@
-# Sourced by scripts/test and scripts/bench: makes sure PostgreSQL, MariaDB and Redis answer on
-# this machine, starting (or, on a bare machine, installing) any that does not, and creates
+# Sourced by scripts/test and scripts/bench: makes sure PostgreSQL, MariaDB, Redis, RabbitMQ and
+# NATS (with JetStream) answer on this machine, starting (or, on a bare machine, installing) any that does not, and creates
 # the databases the tests use. Idempotent: a running server is left alone.
 
 log() { echo "services: $*" >&2; }
@@ -58,11 +58,41 @@ ensure_redis() {
   fi
 }
 
+port_open() { # port_open PORT: something accepts TCP connections on 127.0.0.1:PORT
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+ensure_rabbitmq() {
+  command -v rabbitmq-server >/dev/null || apt_install rabbitmq-server
+  if ! port_open 5672; then
+    log "starting RabbitMQ"
+    # The Debian wrapper switches to the rabbitmq user by itself. Erlang starts slowly.
+    rabbitmq-server -detached >/dev/null 2>&1 || true
+    for _ in $(seq 1 120); do port_open 5672 && break; sleep 0.5; done
+    port_open 5672 || { log "RabbitMQ did not come up"; return 1; }
+  fi
+}
+
+ensure_nats() {
+  command -v nats-server >/dev/null || apt_install nats-server
+  if ! port_open 4222; then
+    log "starting NATS with JetStream"
+    mkdir -p /var/lib/nats-server
+    setsid nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server \
+      -l /var/log/nats-server.log </dev/null >/dev/null 2>&1 &
+    wait_for NATS port_open 4222
+  fi
+}
+
 ensure_services() {
   ensure_postgres
   ensure_mariadb
   ensure_redis
+  ensure_rabbitmq
+  ensure_nats
   export TEST_POSTGRES_URL="${TEST_POSTGRES_URL:-postgres://root@127.0.0.1:5432/test}"
   export TEST_MYSQL_URL="${TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
   export TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"
+  export TEST_AMQP_URL="${TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
+  export TEST_NATS_URL="${TEST_NATS_URL:-nats://127.0.0.1:4222}"
 }

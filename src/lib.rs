@@ -7,8 +7,13 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
+pub mod broker;
 pub mod engine;
 pub mod http;
+#[cfg(feature = "sqlx")]
+pub mod inbox;
+#[cfg(feature = "sqlx")]
+pub mod outbox;
 pub mod problem;
 pub mod record;
 pub mod store;

@@ -53,7 +53,7 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sqlx::{Executor, PgPool, Row};
+use sqlx::{PgPool, Row};
 
 use super::{sql, InvalidTableName, Store, StoreError, TableName};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
@@ -306,19 +306,9 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("tower-idempotency migrate {}", self.sql.table))
-            .execute(&mut *tx)
+        sql::migrate_postgres(&self.pool, self.sql.table.as_str(), &self.sql.schema)
             .await
-            .map_err(backend)?;
-        // Through `Executor::execute` (a boxed future) rather than `RawSql::execute`, whose
-        // generic async fn makes the caller's future fail to be `Send` (rustc's higher-ranked
-        // lifetime limitation), so `migrate` could not be spawned.
-        tx.execute(sqlx::raw_sql(&self.sql.schema))
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)
+            .map_err(backend)
     }
 }
 

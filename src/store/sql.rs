@@ -77,3 +77,25 @@ pub(crate) fn millis(duration: Duration) -> Result<i64, StoreError> {
 fn corrupt(backend: &'static str, detail: String) -> StoreError {
     StoreError::Corrupt { backend, detail }
 }
+
+/// Runs `schema` (several statements) on PostgreSQL in one transaction under an advisory lock
+/// named after `what`, so that processes starting at once do not race on `CREATE .. IF NOT
+/// EXISTS` (which is not safe against a concurrent create of the same table).
+#[cfg(feature = "postgres")]
+pub(crate) async fn migrate_postgres(
+    pool: &sqlx::PgPool,
+    what: &str,
+    schema: &str,
+) -> Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("tower-idempotency migrate {what}"))
+        .execute(&mut *tx)
+        .await?;
+    // Through `Executor::execute` (a boxed future) rather than `RawSql::execute`, whose
+    // generic async fn makes the caller's future fail to be `Send` (rustc's higher-ranked
+    // lifetime limitation), so `migrate` could not be spawned.
+    tx.execute(sqlx::raw_sql(schema)).await?;
+    tx.commit().await
+}

@@ -20,7 +20,7 @@ const DEFAULT_TABLE: &str = "tower_idempotency_records";
 /// SQLite's clock in whole Unix milliseconds. `'now'` is fixed for one statement, so every
 /// use within a statement agrees. `unixepoch('subsec')` is exact to the millisecond, but as a
 /// float: round before the cast so 0.999.. never truncates a millisecond away.
-const NOW_MS: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
+pub(crate) const NOW_MS: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER)";
 
 /// How often a claim retries when the row it lost to vanished before it could be read
 /// (released or purged in between). Each retry means another claim made progress, so

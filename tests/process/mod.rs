@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod shared;
+pub mod worker;
 
 use std::{
     net::SocketAddr,

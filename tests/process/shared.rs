@@ -18,8 +18,7 @@ use super::unique;
 #[path = "../support/backends.rs"]
 mod backends;
 #[allow(unused_imports)] // each test binary uses a different part
-pub use backends::require_all;
-use backends::url_or_skip;
+pub use backends::{require_all, url_or_skip};
 
 /// `result`'s value, or `None` with a note when the server is unreachable (a failure with
 /// `TEST_REQUIRE_ALL_BACKENDS=1`).

@@ -1,0 +1,151 @@
+//! What the `receipts` consumer and the `outbox_relay` share: the environment, the broker
+//! topology of `shared/pipeline-example.md`, and the shutdown signal.
+//!
+//! `PIPELINE_NAMESPACE` (default empty; letters, digits, `_` and `-`) is appended to every
+//! broker name — exchange `payments<ns>`, queue `receipts<ns>`, stream `PAYMENTS<ns>` on
+//! `payments<ns>.>`, consumer `receipts<ns>` — so that tests sharing a broker stay apart.
+#![allow(dead_code)] // each example uses a part
+
+use std::{str::FromStr, time::Duration};
+
+use tower_idempotency::broker::{amqp::AmqpTopology, nats::NatsTopology};
+
+/// The routing key of the event (RabbitMQ) and the outbox topic.
+pub const TOPIC: &str = "payment.created";
+
+/// Which broker the environment names.
+pub enum Broker {
+    Amqp {
+        url: String,
+        topology: AmqpTopology,
+    },
+    Nats {
+        url: String,
+        topology: NatsTopology,
+        subject: String,
+    },
+}
+
+impl Broker {
+    /// From `AMQP_URL` or `NATS_URL` (exactly one), `PIPELINE_NAMESPACE` and
+    /// `RECEIPTS_ACK_WAIT_MS` (default 30000).
+    pub fn from_env() -> Result<Self, String> {
+        let ns = var("PIPELINE_NAMESPACE").unwrap_or_default();
+        if !ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(format!(
+                "PIPELINE_NAMESPACE={ns:?} may hold only ASCII letters, digits, '_' and '-'"
+            ));
+        }
+        match (var("AMQP_URL"), var("NATS_URL")) {
+            (Some(url), None) => Ok(Broker::Amqp {
+                url,
+                topology: AmqpTopology::new(format!("payments{ns}"), format!("receipts{ns}"), TOPIC),
+            }),
+            (None, Some(url)) => {
+                let mut topology = NatsTopology::new(
+                    format!("PAYMENTS{ns}"),
+                    [format!("payments{ns}.>")],
+                    format!("receipts{ns}"),
+                );
+                topology.ack_wait = Duration::from_millis(number("RECEIPTS_ACK_WAIT_MS", 30_000)?);
+                Ok(Broker::Nats {
+                    url,
+                    topology,
+                    subject: format!("payments{ns}.created"),
+                })
+            }
+            (Some(_), Some(_)) => Err("set only one of AMQP_URL and NATS_URL".to_owned()),
+            (None, None) => Err(
+                "set AMQP_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) or NATS_URL (e.g. nats://127.0.0.1:4222)"
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
+/// The database `DATABASE_URL` names.
+pub enum Database {
+    Postgres(String),
+    MySql(String),
+    Sqlite(String),
+}
+
+impl Database {
+    /// From `DATABASE_URL`: PostgreSQL, MySQL / MariaDB or SQLite.
+    pub fn from_env() -> Result<Self, String> {
+        match var("DATABASE_URL") {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Database::Postgres(url))
+            }
+            Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+                Ok(Database::MySql(url))
+            }
+            Some(url) if url.starts_with("sqlite:") => Ok(Database::Sqlite(url)),
+            Some(url) => Err(format!(
+                "DATABASE_URL={url:?} is not a postgres://, mysql:// or sqlite:// URL"
+            )),
+            None => Err("set DATABASE_URL (a postgres://, mysql:// or sqlite:// URL)".to_owned()),
+        }
+    }
+}
+
+pub fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+pub fn number<T: FromStr>(name: &str, default: T) -> Result<T, String> {
+    match var(name) {
+        None => Ok(default),
+        Some(text) => text
+            .parse()
+            .map_err(|_| format!("{name}={text:?} is not a valid non-negative integer")),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => return std::future::pending().await,
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = terminate.recv() => {},
+    }
+    tracing::info!("shutting down");
+}
+
+/// Sets up logging, runs `run`, and turns its error into one log line and a failure exit.
+pub async fn main<F>(name: &str, run: F) -> std::process::ExitCode
+where
+    F: std::future::Future<Output = Result<(), Box<dyn std::error::Error>>>,
+{
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .init();
+    match run.await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{name} stopped: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// A SQLite pool on `url`, creating the file if needed.
+pub async fn sqlite_pool(url: &str, connections: u32) -> Result<sqlx::SqlitePool, sqlx::Error> {
+    let options = url
+        .parse::<sqlx::sqlite::SqliteConnectOptions>()?
+        .create_if_missing(true);
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(connections)
+        .connect_with(options)
+        .await
+}

@@ -1,0 +1,208 @@
+//! `receipts`: consumes `payment.created` events and writes one receipt per payment, through
+//! the inbox, on RabbitMQ or NATS JetStream. The contract is `shared/pipeline-example.md`.
+//!
+//! ```text
+//! DATABASE_URL=postgres://root@127.0.0.1/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f \
+//!     cargo run --example receipts
+//! DATABASE_URL=postgres://root@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run --example receipts
+//! ```
+//!
+//! Environment: `DATABASE_URL` (PostgreSQL, MySQL / MariaDB or SQLite), one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
+//! after writing the receipt, before the commit: the crash window; default 0),
+//! `RECEIPTS_CONCURRENCY` (default 8), `RECEIPTS_ACK_WAIT_MS` (NATS, default 30000),
+//! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`).
+//!
+//! The `receipts` table has no unique constraint on `payment_id`: the inbox alone keeps a
+//! redelivered event from writing a second receipt.
+
+mod pipeline;
+
+use std::{process::ExitCode, time::Duration};
+
+use async_trait::async_trait;
+use pipeline::{Broker, Database};
+use sqlx::{MySql, MySqlConnection, PgConnection, Postgres, Sqlite, SqliteConnection};
+use tower_idempotency::{
+    broker::{amqp::AmqpSubscriber, nats::NatsSubscriber},
+    inbox::{
+        Consumer, ConsumerConfig, Handler, HandlerError, InboxStore, Message, MySqlInbox, PgInbox,
+        SqliteInbox,
+    },
+};
+
+const POSTGRES_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
+    payment_id TEXT        NOT NULL,
+    amount     BIGINT      NOT NULL,
+    currency   TEXT        NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)";
+
+const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
+    payment_id TEXT    NOT NULL,
+    amount     INTEGER NOT NULL,
+    currency   TEXT    NOT NULL,
+    created_at TEXT    NOT NULL DEFAULT CURRENT_TIMESTAMP
+)";
+
+const MYSQL_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS receipts (
+    payment_id VARCHAR(191) NOT NULL,
+    amount     BIGINT       NOT NULL,
+    currency   VARCHAR(16)  NOT NULL,
+    created_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+)";
+
+struct WriteReceipt {
+    delay: Duration,
+}
+
+/// The receipt of `message`, or why the event can never make one.
+fn receipt(message: &Message) -> Result<(&str, i64, &str), HandlerError> {
+    let event = &message.payload;
+    let field = |name: &str| {
+        event
+            .get(name)
+            .ok_or_else(|| HandlerError::Reject(format!("the event has no {name:?}")))
+    };
+    let payment_id = field("payment_id")?
+        .as_str()
+        .ok_or_else(|| HandlerError::Reject("payment_id is not a string".into()))?;
+    let amount = field("amount")?
+        .as_i64()
+        .ok_or_else(|| HandlerError::Reject("amount is not an integer".into()))?;
+    let currency = field("currency")?
+        .as_str()
+        .ok_or_else(|| HandlerError::Reject("currency is not a string".into()))?;
+    Ok((payment_id, amount, currency))
+}
+
+/// The handler on one database: only the SQL placeholders differ.
+macro_rules! write_receipt_on {
+    ($db:ty, $conn:ty, $insert:literal) => {
+        #[async_trait]
+        impl Handler<$db> for WriteReceipt {
+            async fn handle(
+                &self,
+                conn: &mut $conn,
+                message: &Message,
+            ) -> Result<(), HandlerError> {
+                let (payment_id, amount, currency) = receipt(message)?;
+                sqlx::query($insert)
+                    .bind(payment_id)
+                    .bind(amount)
+                    .bind(currency)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| HandlerError::Retry(e.into()))?;
+                // The crash window: the receipt is written, the transaction not committed.
+                tokio::time::sleep(self.delay).await;
+                Ok(())
+            }
+        }
+    };
+}
+
+write_receipt_on!(
+    Postgres,
+    PgConnection,
+    "INSERT INTO receipts (payment_id, amount, currency) VALUES ($1, $2, $3)"
+);
+write_receipt_on!(
+    MySql,
+    MySqlConnection,
+    "INSERT INTO receipts (payment_id, amount, currency) VALUES (?, ?, ?)"
+);
+write_receipt_on!(
+    Sqlite,
+    SqliteConnection,
+    "INSERT INTO receipts (payment_id, amount, currency) VALUES (?1, ?2, ?3)"
+);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    pipeline::main("receipts", run()).await
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let broker = Broker::from_env()?;
+    let concurrency: usize = pipeline::number::<usize>("RECEIPTS_CONCURRENCY", 8)?.max(1);
+    let config = ConsumerConfig {
+        concurrency,
+        retention: Duration::from_secs(pipeline::number("INBOX_RETENTION_SECS", 7 * 24 * 3600)?),
+        ..ConsumerConfig::default()
+    };
+    let handler = WriteReceipt {
+        delay: Duration::from_millis(pipeline::number("RECEIPTS_DELAY_MS", 0)?),
+    };
+    // One connection per message in flight, one for purging.
+    let connections = u32::try_from(concurrency + 1).unwrap_or(u32::MAX);
+    match Database::from_env()? {
+        Database::Postgres(url) => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(connections)
+                .connect(&url)
+                .await?;
+            let inbox = PgInbox::new(pool.clone());
+            inbox.migrate().await?;
+            sqlx::query(POSTGRES_SCHEMA).execute(&pool).await?;
+            consume(
+                Consumer::with_config("receipts", inbox, handler, config),
+                broker,
+                concurrency,
+            )
+            .await
+        }
+        Database::MySql(url) => {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(connections)
+                .connect(&url)
+                .await?;
+            let inbox = MySqlInbox::new(pool.clone());
+            inbox.migrate().await?;
+            sqlx::query(MYSQL_SCHEMA).execute(&pool).await?;
+            consume(
+                Consumer::with_config("receipts", inbox, handler, config),
+                broker,
+                concurrency,
+            )
+            .await
+        }
+        Database::Sqlite(url) => {
+            let pool = pipeline::sqlite_pool(&url, connections).await?;
+            let inbox = SqliteInbox::new(pool.clone());
+            inbox.migrate().await?;
+            sqlx::query(SQLITE_SCHEMA).execute(&pool).await?;
+            consume(
+                Consumer::with_config("receipts", inbox, handler, config),
+                broker,
+                concurrency,
+            )
+            .await
+        }
+    }
+}
+
+async fn consume<I: InboxStore, H: Handler<I::Database>>(
+    consumer: Consumer<I, H>,
+    broker: Broker,
+    concurrency: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match broker {
+        Broker::Amqp { url, topology } => {
+            let prefetch = u16::try_from(concurrency).unwrap_or(u16::MAX);
+            let subscriber = AmqpSubscriber::connect(&url, &topology, prefetch).await?;
+            tracing::info!(queue = %topology.queue, "receipts: consuming from RabbitMQ");
+            consumer
+                .run_until(subscriber, pipeline::shutdown_signal())
+                .await?;
+        }
+        Broker::Nats { url, topology, .. } => {
+            let subscriber = NatsSubscriber::connect(&url, &topology, concurrency).await?;
+            tracing::info!(stream = %topology.stream, consumer = %topology.consumer, "receipts: consuming from NATS JetStream");
+            consumer
+                .run_until(subscriber, pipeline::shutdown_signal())
+                .await?;
+        }
+    }
+    Ok(())
+}

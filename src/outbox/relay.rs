@@ -1,0 +1,138 @@
+use std::{future::Future, sync::Arc, time::Duration};
+
+use tokio::{sync::Notify, time::Instant};
+
+use super::{OutboxError, OutboxSource};
+use crate::broker::{error_chain, Publisher};
+
+/// How a [`Relay`] works. The defaults suit most services.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows per transaction (default 100).
+    pub batch: u32,
+    /// How long to wait for a wake-up before looking anyway (default 1 s): the only trigger
+    /// where the database has no `LISTEN`, and the safety net where it has.
+    pub poll_interval: Duration,
+    /// Wait after a failed batch before the next try (default 1 s).
+    pub retry_delay: Duration,
+    /// How long sent rows are kept (default 1 hour), for inspection.
+    pub sent_retention: Duration,
+    /// How often sent rows are purged (default 1 minute), in batches of `batch` rows.
+    pub purge_every: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch: 100,
+            poll_interval: Duration::from_secs(1),
+            retry_delay: Duration::from_secs(1),
+            sent_retention: Duration::from_secs(3600),
+            purge_every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Publishes an outbox's unsent rows, batch after batch, until stopped. Run one in each
+/// service process, a separate one, or several: they share the work without losing a row.
+///
+/// ```no_run
+/// # #[cfg(all(feature = "postgres", feature = "amqp"))]
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_idempotency::broker::amqp::{AmqpPublisher, AmqpTopology};
+/// use tower_idempotency::outbox::{PgOutbox, Relay};
+///
+/// let topology = AmqpTopology::new("payments", "receipts", "payment.created");
+/// let publisher = AmqpPublisher::connect("amqp://127.0.0.1:5672/%2f", &topology).await?;
+/// Relay::new(PgOutbox::new(pool), publisher)
+///     .run_until(async { tokio::signal::ctrl_c().await.ok(); })
+///     .await;
+/// # Ok(()) }
+/// ```
+pub struct Relay<S, P> {
+    source: S,
+    publisher: P,
+    config: RelayConfig,
+}
+
+impl<S: OutboxSource, P: Publisher> Relay<S, P> {
+    /// A relay from `source` to `publisher` with the default [`RelayConfig`].
+    pub fn new(source: S, publisher: P) -> Self {
+        Self {
+            source,
+            publisher,
+            config: RelayConfig::default(),
+        }
+    }
+
+    /// Replaces the configuration.
+    pub fn config(mut self, config: RelayConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Publishes batches until none is left; returns how many rows it sent. For tests, tools
+    /// and shutdown hooks; services use [`run_until`](Self::run_until).
+    pub async fn drain(&self) -> Result<usize, OutboxError> {
+        let mut sent = 0;
+        loop {
+            let n = self
+                .source
+                .relay_batch(&self.publisher, self.config.batch)
+                .await?;
+            sent += n;
+            if n == 0 {
+                return Ok(sent);
+            }
+        }
+    }
+
+    /// Runs until `shutdown` completes; the batch in flight then finishes (or rolls back)
+    /// first. Errors are logged (`tracing`, warn) and retried after `retry_delay`.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
+        let wake = Arc::new(Notify::new());
+        let listener = self.source.listen(wake.clone());
+        tokio::pin!(shutdown);
+        let mut next_purge = Instant::now();
+        loop {
+            let pause = match self.drain().await {
+                Ok(_) => self.config.poll_interval,
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), "outbox relay: batch failed; retrying");
+                    self.config.retry_delay
+                }
+            };
+            if Instant::now() >= next_purge {
+                self.purge().await;
+                next_purge = Instant::now() + self.config.purge_every;
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = wake.notified() => {}
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        self.publisher.close().await;
+    }
+
+    async fn purge(&self) {
+        let batch = self.config.batch.max(1);
+        loop {
+            match self
+                .source
+                .purge_sent(self.config.sent_retention, batch)
+                .await
+            {
+                Ok(n) if n == u64::from(batch) => continue,
+                Ok(_) => return,
+                Err(error) => {
+                    tracing::warn!(error = %error_chain(&error), "outbox relay: purging sent rows failed");
+                    return;
+                }
+            }
+        }
+    }
+}

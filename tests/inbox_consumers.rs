@@ -1,0 +1,189 @@
+//! The inbox consumer on real brokers: poison is dead-lettered (RabbitMQ dead-letter queue,
+//! NATS term) and acked without a receipt or a panic, a failing handler is retried a bounded
+//! number of times, and two copies delivered at once write one receipt.
+//!
+//! Needs TEST_POSTGRES_URL plus TEST_AMQP_URL / TEST_NATS_URL (`scripts/test` sets them).
+
+mod pipeline;
+mod process;
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use pipeline::{each_broker, tally, with_broker, TestBroker, WriteReceipt};
+use sqlx::{PgConnection, Postgres};
+use tokio::sync::Barrier;
+use tower_idempotency::{
+    broker::nats::NatsSubscriber,
+    inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Message, Outcome},
+    outbox::Relay,
+};
+
+const QUIET: Duration = Duration::from_millis(1500);
+
+#[tokio::test]
+async fn poison_messages_are_dead_lettered_acked_and_leave_no_receipt() {
+    each_broker(Duration::from_millis(500), |db, broker| async move {
+        broker
+            .publish_raw(Some("not-json"), b"{ this is not json")
+            .await;
+        broker.publish_raw(None, br#"{"payment_id": "p1"}"#).await;
+        broker
+            .publish_raw(Some("no-payment"), br#"{"amount": 1}"#)
+            .await;
+        let consumer = Consumer::new(
+            "receipts",
+            db.inbox.clone(),
+            WriteReceipt {
+                delay: Duration::ZERO,
+            },
+        );
+        let outcomes = broker.consume(&consumer, QUIET).await;
+        assert_eq!(
+            outcomes,
+            [Outcome::DeadLettered; 3],
+            "each poison message once"
+        );
+        assert!(db.receipts().await.is_empty(), "no receipt");
+        // Past NATS' ack wait: nothing comes back.
+        let again = broker.consume(&consumer, QUIET).await;
+        assert!(
+            again.is_empty(),
+            "redelivered after dead-lettering: {again:?}"
+        );
+        let leftovers = broker.leftovers().await;
+        match broker {
+            TestBroker::Amqp { .. } => {
+                assert_eq!(leftovers, 3, "messages in the dead-letter queue")
+            }
+            TestBroker::Nats { .. } => assert_eq!(leftovers, 0, "messages still pending"),
+        }
+    })
+    .await;
+}
+
+/// Fails every time, counting its runs.
+struct AlwaysFails(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Handler<Postgres> for AlwaysFails {
+    async fn handle(&self, _: &mut PgConnection, _: &Message) -> Result<(), HandlerError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(HandlerError::Retry("the ledger is down".into()))
+    }
+}
+
+#[tokio::test]
+async fn a_failing_handler_is_retried_a_bounded_number_of_times_then_dead_lettered() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        db.pay(true).await;
+        Relay::new(db.outbox.clone(), broker.publisher().await)
+            .drain()
+            .await
+            .unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let config = ConsumerConfig {
+            max_attempts: 3,
+            retry_delay: Duration::from_millis(50),
+            ..ConsumerConfig::default()
+        };
+        let consumer = Consumer::with_config(
+            "receipts",
+            db.inbox.clone(),
+            AlwaysFails(runs.clone()),
+            config,
+        );
+        let outcomes = broker.consume(&consumer, QUIET).await;
+        assert_eq!(
+            outcomes,
+            [Outcome::Retried, Outcome::Retried, Outcome::DeadLettered]
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "handler runs");
+        let inbox_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_inbox")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(inbox_rows, 0, "a failed attempt leaves no claim behind");
+    })
+    .await;
+}
+
+/// Writes a receipt slowly, counting its runs.
+struct SlowReceipt {
+    runs: Arc<AtomicUsize>,
+    inner: WriteReceipt,
+}
+
+#[async_trait]
+impl Handler<Postgres> for SlowReceipt {
+    async fn handle(&self, conn: &mut PgConnection, message: &Message) -> Result<(), HandlerError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.inner.handle(conn, message).await
+    }
+}
+
+#[tokio::test]
+async fn two_consumers_given_the_same_message_at_once_write_one_receipt() {
+    // NATS redelivers to the other consumer once the short ack wait passes, while the first
+    // copy's handler still sleeps inside its transaction.
+    let Some(broker) = TestBroker::nats(Duration::from_millis(300)) else {
+        return;
+    };
+    with_broker(broker, |db, broker| async move {
+        let (payment, _) = db.pay(true).await;
+        Relay::new(db.outbox.clone(), broker.publisher().await)
+            .drain()
+            .await
+            .unwrap();
+        let TestBroker::Nats { url, topology, .. } = &broker else {
+            unreachable!()
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = SlowReceipt {
+            runs: runs.clone(),
+            inner: WriteReceipt {
+                delay: Duration::from_millis(1500),
+            },
+        };
+        let consumer = Consumer::new("receipts", db.inbox.clone(), handler);
+        let barrier = Arc::new(Barrier::new(2));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..2 {
+            let (consumer, barrier) = (consumer.clone(), barrier.clone());
+            let mut subscriber = NatsSubscriber::connect(url, topology, 1).await.unwrap();
+            tasks.spawn(async move {
+                barrier.wait().await;
+                let mut outcomes = Vec::new();
+                // Each takes one delivery and handles it while the other may take the
+                // redelivered copy.
+                if let Ok(Ok(delivery)) = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tower_idempotency::broker::Subscriber::next(&mut subscriber),
+                )
+                .await
+                {
+                    outcomes.push(consumer.process(&delivery).await);
+                }
+                outcomes
+            });
+        }
+        let outcomes: Vec<Outcome> = tasks.join_all().await.into_iter().flatten().collect();
+        let counts = tally(&outcomes);
+        assert_eq!(counts.get(&Outcome::Handled), Some(&1), "{outcomes:?}");
+        assert_eq!(
+            counts.get(&Outcome::Duplicate),
+            Some(&1),
+            "both consumers got the message: {outcomes:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+        assert_eq!(db.receipts().await.get(&payment), Some(&1));
+        assert_eq!(db.receipts().await.len(), 1);
+    })
+    .await;
+}

@@ -1,0 +1,182 @@
+//! The outbox and the inbox on MySQL / MariaDB (a fresh database per test): committed rows
+//! are published once and rolled-back ones never, racing relays (`SKIP LOCKED`) lose and
+//! repeat nothing, and the inbox keeps overlapping copies to one effect.
+//!
+//! Needs TEST_MYSQL_URL and TEST_AMQP_URL (`scripts/test` sets them).
+
+mod pipeline;
+mod process;
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use pipeline::{race_relays, tally, TestBroker, TOPIC};
+use process::shared::Shared;
+use sqlx::MySqlPool;
+use tokio::sync::Barrier;
+use tower_idempotency::{
+    inbox::{InboxClaim, InboxStore, MySqlInbox},
+    outbox::{MySqlOutbox, NewEvent, OutboxSource, Relay},
+};
+
+async fn with_mysql<F: std::future::Future<Output = ()>>(test: impl FnOnce(MySqlPool) -> F) {
+    let Some(shared) = Shared::mysql().await else {
+        return;
+    };
+    let Shared::MySql { url, .. } = &shared else {
+        unreachable!()
+    };
+    let url = url.clone();
+    shared
+        .run(|_| async move {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(16)
+                .connect(&url)
+                .await
+                .expect("connect to the test database");
+            test(pool).await;
+        })
+        .await;
+}
+
+/// Enqueues `n` events, each in its own transaction, committed or not.
+async fn enqueue(
+    pool: &MySqlPool,
+    outbox: &MySqlOutbox,
+    n: usize,
+    commit: bool,
+) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for _ in 0..n {
+        let event = NewEvent::new(TOPIC, r#"{"payment_id": "p"}"#);
+        let mut tx = pool.begin().await.unwrap();
+        outbox.enqueue(&mut tx, &event).await.unwrap();
+        if commit {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+        ids.insert(event.id);
+    }
+    ids
+}
+
+#[tokio::test]
+async fn racing_relays_publish_every_committed_row_once_and_no_rolled_back_row() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    let cleanup = broker.clone();
+    with_mysql(|pool| async move {
+        let outbox = MySqlOutbox::new(pool.clone());
+        outbox.migrate().await.unwrap();
+        let committed = enqueue(&pool, &outbox, 120, true).await;
+        enqueue(&pool, &outbox, 10, false).await;
+        // Small batches, so the relays really interleave.
+        let per_relay = race_relays(&outbox, &broker, 3, 5).await;
+        assert_eq!(
+            per_relay.iter().sum::<usize>(),
+            committed.len(),
+            "{per_relay:?}"
+        );
+        assert!(
+            per_relay.iter().filter(|&&n| n > 0).count() > 1,
+            "nothing raced: {per_relay:?}"
+        );
+        assert_eq!(outbox.unsent().await.unwrap(), 0);
+        let counts = tally(&broker.drain_ids(Duration::from_millis(1500)).await);
+        assert_eq!(counts.keys().cloned().collect::<HashSet<_>>(), committed);
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "published twice: {counts:?}"
+        );
+        assert_eq!(
+            Relay::new(outbox.clone(), broker.publisher().await)
+                .drain()
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            outbox.purge_sent(Duration::ZERO, 100).await.unwrap(),
+            100,
+            "one bounded batch"
+        );
+    })
+    .await;
+    cleanup.clean_up().await;
+}
+
+#[tokio::test]
+async fn overlapping_copies_of_one_message_commit_one_effect() {
+    with_mysql(|pool| async move {
+        let inbox = MySqlInbox::new(pool.clone());
+        inbox.migrate().await.unwrap();
+        sqlx::query("CREATE TABLE receipts (payment_id VARCHAR(64) NOT NULL)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let copies = 8;
+        let barrier = Arc::new(Barrier::new(copies));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..copies {
+            let (inbox, barrier) = (inbox.clone(), barrier.clone());
+            tasks.spawn(async move {
+                barrier.wait().await;
+                let mut busy = 0;
+                loop {
+                    let mut tx = inbox.pool().begin().await.unwrap();
+                    match inbox.claim(&mut tx, "receipts", "m1").await.unwrap() {
+                        InboxClaim::New => {
+                            sqlx::query("INSERT INTO receipts VALUES ('m1')")
+                                .execute(&mut *tx)
+                                .await
+                                .unwrap();
+                            // Longer than the lock wait: the other copies see "busy".
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
+                            tx.commit().await.unwrap();
+                            return (InboxClaim::New, busy);
+                        }
+                        InboxClaim::Duplicate => return (InboxClaim::Duplicate, busy),
+                        InboxClaim::Busy => {
+                            busy += 1;
+                            drop(tx);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            });
+        }
+        let results = tasks.join_all().await;
+        let new = results
+            .iter()
+            .filter(|(c, _)| *c == InboxClaim::New)
+            .count();
+        assert_eq!(new, 1, "{results:?}");
+        assert!(
+            results.iter().any(|(_, busy)| *busy > 0),
+            "no copy was ever busy: {results:?}"
+        );
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM receipts")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, 1);
+        // The session setting the claim changed is back to what it was.
+        let mut conn = pool.acquire().await.unwrap();
+        let before: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        let mut tx = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+        assert_eq!(
+            inbox.claim(&mut tx, "other", "m1").await.unwrap(),
+            InboxClaim::New
+        );
+        let after: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(after, before);
+    })
+    .await;
+}

@@ -1,0 +1,225 @@
+//! The outbox relay against real PostgreSQL, RabbitMQ and NATS JetStream: every committed row
+//! reaches the broker once, rolled-back ones never, racing relays lose nothing, and a crash
+//! between publish and mark is absorbed (by the inbox on RabbitMQ, by `Nats-Msg-Id` on NATS).
+//!
+//! Needs TEST_POSTGRES_URL plus TEST_AMQP_URL / TEST_NATS_URL (`scripts/test` sets them).
+
+mod pipeline;
+mod process;
+
+use std::{collections::HashSet, time::Duration};
+
+use async_trait::async_trait;
+use pipeline::{each_broker, race_relays, tally, TestBroker, WriteReceipt};
+use process::unique;
+use tower_idempotency::{
+    broker::{BrokerError, OutgoingMessage, Publisher},
+    inbox::{Consumer, Outcome},
+    outbox::{NewEvent, OutboxSource, PgOutbox, Relay, RelayConfig},
+};
+
+const QUIET: Duration = Duration::from_millis(1500);
+
+#[tokio::test]
+async fn relay_publishes_each_committed_row_once_and_rolled_back_rows_never() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        let mut committed = HashSet::new();
+        for i in 0..30 {
+            let (_, event) = db.pay(i % 4 != 3).await;
+            if i % 4 != 3 {
+                committed.insert(event);
+            }
+        }
+        let relay = Relay::new(db.outbox.clone(), broker.publisher().await);
+        let sent = relay.drain().await.expect("drain");
+        assert_eq!(sent, committed.len(), "rows sent by the relay");
+        assert_eq!(db.unsent().await, 0, "unsent rows after the drain");
+        assert_eq!(
+            relay.drain().await.expect("drain again"),
+            0,
+            "a second drain sends nothing"
+        );
+
+        let ids = broker.drain_ids(QUIET).await;
+        let counts = tally(&ids);
+        assert_eq!(
+            counts.keys().cloned().collect::<HashSet<_>>(),
+            committed,
+            "the broker got exactly the committed events"
+        );
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "an event was published twice: {counts:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn racing_relays_lose_no_row_and_publish_none_twice() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        let mut events = HashSet::new();
+        for _ in 0..200 {
+            events.insert(db.pay(true).await.1);
+        }
+        // Small batches, so the relays really interleave.
+        let per_relay = race_relays(&db.outbox, &broker, 4, 5).await;
+        assert_eq!(
+            per_relay.iter().sum::<usize>(),
+            events.len(),
+            "rows sent: {per_relay:?}"
+        );
+        assert!(
+            per_relay.iter().filter(|&&n| n > 0).count() > 1,
+            "only one relay did any work, so nothing raced: {per_relay:?}"
+        );
+        assert_eq!(db.unsent().await, 0);
+        let counts = tally(&broker.drain_ids(QUIET).await);
+        assert_eq!(counts.keys().cloned().collect::<HashSet<_>>(), events);
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "published twice: {counts:?}"
+        );
+    })
+    .await;
+}
+
+/// Publishes, then fails as a relay would that died after the broker's confirmation and
+/// before its commit.
+struct DiesAfterPublish(Box<dyn Publisher>);
+
+#[async_trait]
+impl Publisher for DiesAfterPublish {
+    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+        self.0.publish_confirmed(messages).await?;
+        Err(BrokerError::Closed { broker: "test" })
+    }
+}
+
+#[tokio::test]
+async fn a_crash_between_publish_and_mark_republishes_and_the_inbox_drops_the_copy() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        let mut payments = HashSet::new();
+        for _ in 0..10 {
+            payments.insert(db.pay(true).await.0);
+        }
+        let dying = Relay::new(
+            db.outbox.clone(),
+            DiesAfterPublish(broker.publisher().await),
+        );
+        assert!(dying.drain().await.is_err(), "the crash is reported");
+        assert_eq!(db.unsent().await, 10, "nothing was marked sent");
+        let relay = Relay::new(db.outbox.clone(), broker.publisher().await);
+        assert_eq!(relay.drain().await.expect("drain"), 10, "published again");
+        assert_eq!(db.unsent().await, 0);
+
+        let consumer = Consumer::new(
+            "receipts",
+            db.inbox.clone(),
+            WriteReceipt {
+                delay: Duration::ZERO,
+            },
+        );
+        let outcomes = tally(&broker.consume(&consumer, QUIET).await);
+        assert_eq!(outcomes.get(&Outcome::Handled), Some(&10), "{outcomes:?}");
+        match broker {
+            // RabbitMQ has no server-side dedup: the copies arrive and the inbox drops them.
+            TestBroker::Amqp { .. } => {
+                assert_eq!(outcomes.get(&Outcome::Duplicate), Some(&10), "{outcomes:?}")
+            }
+            // JetStream dropped the re-publish by its Nats-Msg-Id.
+            TestBroker::Nats { .. } => {
+                assert_eq!(outcomes.get(&Outcome::Duplicate), None, "{outcomes:?}")
+            }
+        }
+        let receipts = db.receipts().await;
+        assert_eq!(receipts.keys().cloned().collect::<HashSet<_>>(), payments);
+        assert!(receipts.values().all(|&n| n == 1), "{receipts:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sent_rows_are_purged_in_bounded_batches() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        for _ in 0..7 {
+            db.pay(true).await;
+        }
+        Relay::new(db.outbox.clone(), broker.publisher().await)
+            .drain()
+            .await
+            .expect("drain");
+        let _ = broker.drain_ids(Duration::from_millis(300)).await;
+        assert_eq!(
+            db.outbox
+                .purge_sent(Duration::from_secs(3600), 3)
+                .await
+                .unwrap(),
+            0,
+            "rows within the retention stay"
+        );
+        assert_eq!(
+            db.outbox.purge_sent(Duration::ZERO, 3).await.unwrap(),
+            3,
+            "one bounded batch"
+        );
+        assert_eq!(db.outbox.purge_sent(Duration::ZERO, 10).await.unwrap(), 4);
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_outbox")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_commit_wakes_the_relay_without_waiting_for_the_poll() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        // A table (so a NOTIFY channel) of its own: other tests' relays listen too.
+        let outbox = PgOutbox::with_table(db.pool.clone(), &format!("outbox_{}", unique())).unwrap();
+        outbox.migrate().await.unwrap();
+        // Polling once an hour: only the NOTIFY sent at commit can start this batch.
+        let config = RelayConfig {
+            poll_interval: Duration::from_secs(3600),
+            purge_every: Duration::from_secs(3600),
+            ..RelayConfig::default()
+        };
+        let relay = Relay::new(outbox.clone(), broker.publisher().await).config(config);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(relay.run_until(async {
+            let _ = stopped.await;
+        }));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        // Wait until the relay listens (a commit before that is left to the poll).
+        loop {
+            let listening: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%' AND strpos(query, $1) > 0",
+            )
+            .bind(outbox.channel())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            if listening > 0 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the relay never listened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let event = NewEvent::new(pipeline::TOPIC, r#"{"payment_id": "p"}"#);
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox.enqueue(&mut tx, &event).await.unwrap();
+        tx.commit().await.unwrap();
+        while outbox.unsent().await.unwrap() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the commit did not wake the relay"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(broker.drain_ids(QUIET).await, [event.id]);
+        stop.send(()).unwrap();
+        running.await.unwrap();
+    })
+    .await;
+}
