@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! TEST_POSTGRES_URL=postgres://root@127.0.0.1/test TEST_MYSQL_URL=mysql://root@127.0.0.1/test \
-//! TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test --test payments_process
+//! TEST_REDIS_URL=redis://127.0.0.1:6379 \
+//! TEST_REDIS_CLUSTER_URLS=redis://127.0.0.1:7000,redis://127.0.0.1:7001 cargo test --test payments_process
 //! ```
 //!
 //! `cargo test` builds the example binary; with `--test payments_process` alone, run
@@ -428,6 +429,22 @@ async fn redis_two_processes_are_one_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_killed_owner_is_taken_over_after_its_lease() {
     if let Some(shared) = Shared::redis() {
+        shared
+            .run(a_killed_owner_is_taken_over_after_its_lease)
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_two_processes_are_one_service() {
+    if let Some(shared) = Shared::redis_cluster() {
+        shared.run(two_processes_are_one_service).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_a_killed_owner_is_taken_over_after_its_lease() {
+    if let Some(shared) = Shared::redis_cluster() {
         shared
             .run(a_killed_owner_is_taken_over_after_its_lease)
             .await;

@@ -6,6 +6,9 @@
 //! | a database     | unset       | that database | that database       |
 //! | any            | set         | as above      | Redis               |
 //!
+//! `REDIS_URL` with several comma-separated nodes, or `REDIS_CLUSTER_URLS`, puts the records
+//! on a Redis Cluster.
+//!
 //! With a database, payments and idempotency records share ONE pool and one database, so
 //! every process pointed at it sees the same charges and the same keys: several processes
 //! behave as one service.
@@ -23,7 +26,7 @@ use tower_idempotency::store::{
 };
 
 use crate::{
-    config::Config,
+    config::{Config, Redis},
     payments::{MemoryPayments, Payments},
     sql_payments::SqlPayments,
 };
@@ -52,8 +55,8 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
     };
 
     let (idempotency, idempotency_name): (Arc<dyn Store>, &str) =
-        match (&config.redis_url, &database) {
-            (Some(url), _) => (redis_store(url).await?, "redis"),
+        match (&config.redis, &database) {
+            (Some(redis), _) => redis_store(redis, config.redis_replica_wait).await?,
             (None, Some(database)) => (sql_store(database).await?, database.database()),
             (None, None) => (Arc::new(MemoryStore::new()), "memory"),
         };
@@ -164,10 +167,31 @@ async fn sql_store(database: &SqlPayments) -> Result<Arc<dyn Store>, Error> {
     Ok(store)
 }
 
-/// Redis keeps the records itself (keys expire with `PX`): nothing to migrate.
-async fn redis_store(url: &str) -> Result<Arc<dyn Store>, Error> {
-    let store = RedisStore::open(url)
-        .await
-        .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?;
-    Ok(Arc::new(store))
+/// Redis keeps the records itself (keys expire with `PX`): nothing to migrate. A cluster is
+/// found from any of its nodes.
+async fn redis_store(
+    redis: &Redis,
+    replica_wait: Option<Duration>,
+) -> Result<(Arc<dyn Store>, &'static str), Error> {
+    let mut builder = RedisStore::builder();
+    if let Some(timeout) = replica_wait {
+        builder = builder.wait_for_replicas(1, timeout);
+    }
+    let (store, name) = match redis {
+        Redis::Single(url) => (
+            builder
+                .open(url)
+                .await
+                .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?,
+            "redis",
+        ),
+        Redis::Cluster(nodes) => (
+            builder
+                .open_cluster(nodes)
+                .await
+                .map_err(|e| format!("cannot connect to the Redis Cluster at {nodes:?}: {e}"))?,
+            "redis-cluster",
+        ),
+    };
+    Ok((Arc::new(store), name))
 }

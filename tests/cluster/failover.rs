@@ -4,9 +4,11 @@
 //!
 //! Two layers, each over its own cluster connection, stand for two service instances (within
 //! one instance a duplicate would be held back in memory and never reach the store). Every
-//! key gets two clients, one per instance, 20 ms apart; each retries a 409 or 503 until it
-//! gets its 201. New keys start every 10 ms; the victim master is killed after one second,
-//! and the storm goes on until a second after its replica was promoted.
+//! key gets two clients, one per instance, 20 ms apart; each retries a 409 (after 50 ms) or a
+//! 503 (after its 1 s `Retry-After`) until it
+//! gets its 201. New keys start every 20 ms; the victim master is killed after one second.
+//! Once its replica was promoted, the victim is started again (as an orchestrator would) and
+//! rejoins as the new master's replica; the storm goes on until a second after it is in sync.
 
 use std::{
     collections::HashMap,
@@ -26,10 +28,10 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_idempotency::{store::RedisStore, IdempotencyLayer, InProgressPolicy};
 
-use super::{role, slot_of, Cluster};
+use super::{in_sync_as_replica, role, slot_of, Cluster};
 
 const KILL_AFTER: Duration = Duration::from_secs(1);
-const STORM_AFTER_PROMOTION: Duration = Duration::from_secs(1);
+const STORM_AFTER_HEALING: Duration = Duration::from_secs(1);
 /// A failover that has not happened by then fails the test.
 const FAILOVER_PATIENCE: Duration = Duration::from_secs(30);
 /// How long a key's clients keep retrying. Well inside the lease, so no claim expires: any
@@ -39,7 +41,7 @@ const LEASE: Duration = Duration::from_secs(60);
 const HANDLER_TIME: Duration = Duration::from_millis(50);
 /// One scope for every request, so the test can name each key's Redis key (and slot).
 const SCOPE: &str = "failover";
-const REPLICA_WAIT: Duration = Duration::from_millis(500);
+const REPLICA_WAIT: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -77,6 +79,8 @@ pub struct Figures {
     /// proof that the store follows the failover.
     pub victim_keys_served_after_promotion: usize,
     pub failover_took: Duration,
+    /// From the promotion until the restarted victim was in sync as the new replica.
+    pub healing_took: Duration,
 }
 
 impl Figures {
@@ -108,8 +112,8 @@ impl fmt::Display for Figures {
         write!(
             f,
             "failover {:?}: {} keys, {} on the killed master; errored (503) {}, ran twice {} \
-             ({} elsewhere), never ran {}, no 201 within {:?}: {}; failover took {:?}; \
-             {} killed-master keys served after promotion",
+             ({} elsewhere), never ran {}, no 201 within {:?}: {}; failover took {:?}, the \
+             new replica synced {:?} later; {} killed-master keys served after promotion",
             self.mode,
             self.keys,
             self.keys_on_victim,
@@ -120,6 +124,7 @@ impl fmt::Display for Figures {
             CLIENT_PATIENCE,
             self.keys_without_201,
             self.failover_took,
+            self.healing_took,
             self.victim_keys_served_after_promotion,
         )
     }
@@ -128,18 +133,19 @@ impl fmt::Display for Figures {
 /// The closing-note table: one row per mode.
 pub fn table(figures: &[Figures]) -> String {
     let mut out = String::from(
-        "| mode | keys | on killed master | keys errored (503) | keys ran twice | no 201 in 10 s | failover |\n|---|---|---|---|---|---|---|\n",
+        "| mode | keys | on killed master | keys errored (503) | keys ran twice | no 201 in 10 s | failover | replica back in sync |\n|---|---|---|---|---|---|---|---|\n",
     );
     for f in figures {
         out.push_str(&format!(
-            "| {:?} | {} | {} | {} | {} | {} | {:.1} s |\n",
+            "| {:?} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |\n",
             f.mode,
             f.keys,
             f.keys_on_victim,
             f.keys_errored,
             f.keys_ran_twice,
             f.keys_without_201,
-            f.failover_took.as_secs_f64()
+            f.failover_took.as_secs_f64(),
+            f.healing_took.as_secs_f64()
         ));
     }
     out
@@ -188,7 +194,10 @@ async fn client(app: Router, key: String, deadline: Instant) -> (Vec<StatusCode>
         if status == StatusCode::CREATED {
             return (statuses, true);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // As a well-behaved client: a 409 soon, a 503 after its `Retry-After` (1 s). Retrying
+        // faster only piles claims onto a master that cannot take them.
+        let pause = if status == StatusCode::CONFLICT { 50 } else { 1000 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     (statuses, false)
 }
@@ -230,8 +239,10 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
     let prefix = format!("failover-{:016x}-", rand::random::<u64>());
 
     let promoted: Arc<OnceLock<Instant>> = Arc::default();
+    let healed: Arc<OnceLock<Instant>> = Arc::default();
     let start = Instant::now();
     let mut killed_at = None;
+    let mut restarted = false;
     let mut keys = JoinSet::new();
     let mut next = 0;
     loop {
@@ -247,22 +258,35 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
                 let _ = promoted.set(Instant::now());
             });
         }
-        if let Some(at) = promoted.get() {
-            if now - *at >= STORM_AFTER_PROMOTION {
+        if !restarted && promoted.get().is_some() {
+            cluster.restart(victim);
+            restarted = true;
+            let healed = healed.clone();
+            tokio::spawn(async move {
+                while !in_sync_as_replica(victim).await {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let _ = healed.set(Instant::now());
+            });
+        }
+        if let Some(at) = healed.get() {
+            if now - *at >= STORM_AFTER_HEALING {
                 break;
             }
         }
         assert!(
             now - start < KILL_AFTER + FAILOVER_PATIENCE,
-            "{mode:?}: the replica {replica} of {victim} was not promoted within {FAILOVER_PATIENCE:?}"
+            "{mode:?}: the replica {replica} of {victim} was not promoted, or {victim} did not \
+             rejoin in sync, within {FAILOVER_PATIENCE:?}"
         );
         keys.spawn(storm_key(apps.clone(), format!("{prefix}{next}")));
         next += 1;
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let outcomes = keys.join_all().await;
     let killed_at = killed_at.expect("killed");
     let promoted_at = *promoted.get().expect("promoted");
+    let healed_at = *healed.get().expect("healed");
 
     // The Redis key of each request key, to find its slot; the store is only used for that.
     let naming = RedisStore::builder().open_cluster(&urls).await.unwrap();
@@ -278,6 +302,7 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
         keys_without_201: 0,
         victim_keys_served_after_promotion: 0,
         failover_took: promoted_at - killed_at,
+        healing_took: healed_at - promoted_at,
     };
     for outcome in &outcomes {
         let store_key = tower_idempotency::StoreKey::new(SCOPE, outcome.key.as_str());

@@ -38,18 +38,7 @@ impl Cluster {
             nodes: Vec::new(),
         };
         for port in base_port..base_port + 6 {
-            let node_dir = cluster.dir.join(port.to_string());
-            std::fs::create_dir_all(&node_dir).expect("create a node dir");
-            let spawned = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-                .args(["--cluster-require-full-coverage", "no"])
-                .arg("--dir")
-                .arg(&node_dir)
-                .stdout(Stdio::null())
-                .spawn();
-            match spawned {
+            match cluster.spawn(port) {
                 Ok(child) => cluster.nodes.push((port, Some(child))),
                 Err(error) => {
                     assert!(
@@ -80,15 +69,47 @@ impl Cluster {
                 })
                 .await;
         }
-        // WAIT needs connected replicas: wait for every master to have one.
-        for port in cluster.masters().await {
+        // Every master has a replica that finished its first sync: WAIT needs it, and a
+        // replica that never synced refuses to fail over (its data counts as too old).
+        for port in cluster.ports() {
             cluster
-                .wait_until_info(port, "replication", "a connected replica", |info| {
-                    info.contains("connected_slaves:1")
+                .wait_until_info(port, "replication", "in sync", |info| {
+                    let master = info.contains("role:master")
+                        && info.contains("connected_slaves:1")
+                        && info.contains("state=online");
+                    master || info.contains("master_link_status:up")
                 })
                 .await;
         }
         Some(cluster)
+    }
+
+    /// One node in its own dir, where its `nodes.conf` survives a restart: a restarted node
+    /// rejoins the cluster it was in.
+    fn spawn(&self, port: u16) -> std::io::Result<Child> {
+        let node_dir = self.dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir)?;
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+            .args(["--cluster-require-full-coverage", "no"])
+            .arg("--dir")
+            .arg(&node_dir)
+            .stdout(Stdio::null())
+            .spawn()
+    }
+
+    /// Starts a killed node again; it rejoins as a replica of the master that replaced it.
+    pub fn restart(&mut self, port: u16) {
+        let child = self.spawn(port).expect("restart redis-server");
+        let (_, slot) = self
+            .nodes
+            .iter_mut()
+            .find(|(p, _)| *p == port)
+            .expect("a node of this cluster");
+        assert!(slot.is_none(), "node {port} is running");
+        *slot = Some(child);
     }
 
     pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
@@ -229,4 +250,16 @@ pub async fn slot_of(port: u16, key: &str) -> u16 {
         .query_async(&mut node)
         .await
         .expect("CLUSTER KEYSLOT")
+}
+
+/// True when the node on `port` is a replica whose link to its master is up.
+pub async fn in_sync_as_replica(port: u16) -> bool {
+    let Ok(mut node) = connect(port).await else {
+        return false;
+    };
+    let info: redis::RedisResult<String> = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut node)
+        .await;
+    info.is_ok_and(|info| info.contains("role:slave") && info.contains("master_link_status:up"))
 }

@@ -30,10 +30,11 @@ use tokio::{
 
 /// Every variable of the example's contract: cleared before a start, so that a
 /// `DATABASE_URL` in the developer's shell cannot leak into a test.
-const CONTRACT_VARS: [&str; 9] = [
+const CONTRACT_VARS: [&str; 10] = [
     "BIND",
     "DATABASE_URL",
     "REDIS_URL",
+    "REDIS_CLUSTER_URLS",
     "IDEMPOTENCY_LEASE_MS",
     "IDEMPOTENCY_TTL_SECS",
     "IDEMPOTENCY_DISABLED",

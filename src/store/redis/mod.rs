@@ -13,14 +13,13 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
-    cluster::ClusterClientBuilder,
-    cluster_async::ClusterConnection,
+    cluster::{ClusterClient, ClusterClientBuilder},
     RedisError,
 };
 
 use self::{
     codec::{claim_value, completed_fence, decode, fence, millis},
-    connection::Connection,
+    connection::{Cluster, Connection},
     replica_wait::ReplicaWait,
     scripts::{COMPLETE, RELEASE, RENEW},
 };
@@ -35,8 +34,10 @@ const DEFAULT_PREFIX: &str = "tower-idempotency:";
 /// A [`Store`] on Redis 7.0+ (or Valkey), on one server or on a Redis Cluster. On one server
 /// it runs over a [`ConnectionManager`] that reconnects by itself: when the server comes back
 /// after an outage, the same store works again without a restart. On a cluster it runs over
-/// a [`ClusterConnection`], which follows `MOVED`/`ASK` redirects and learns the new master
-/// after a failover. Clones share the connection.
+/// redis-rs's cluster connection, which follows `MOVED`/`ASK` redirects; after an operation
+/// failed for a lost node, the store replaces that connection with one built on the current
+/// slot map, so it finds the promoted replica after a failover (redis-rs 0.32 would keep
+/// dialling the dead master). Clones share the connection.
 ///
 /// ```no_run
 /// use tower_idempotency::store::RedisStore;
@@ -115,7 +116,7 @@ pub struct RedisStore {
 
 /// Builds a [`RedisStore`] with a key prefix other than the default `"tower-idempotency:"`
 /// or a replica wait, on one server ([`open`](Self::open), [`build`](Self::build)) or on a
-/// cluster ([`open_cluster`](Self::open_cluster), [`build_cluster`](Self::build_cluster)).
+/// cluster ([`open_cluster`](Self::open_cluster), [`open_cluster_with`](Self::open_cluster_with)).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -197,27 +198,6 @@ impl RedisStoreBuilder {
         self.with(Connection::Single(connection))
     }
 
-    /// Builds the store over a cluster connection you configured yourself. Start from
-    /// [`RedisStore::cluster_client`]: redis-rs's own defaults retry a failed command 16
-    /// times, for minutes, while requests wait.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use tower_idempotency::store::RedisStore;
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let client = RedisStore::cluster_client(["redis://127.0.0.1:7000"])
-    ///     .response_timeout(Duration::from_secs(1))
-    ///     .build()?;
-    /// let connection = client.get_async_connection().await?;
-    /// let store = RedisStore::builder().build_cluster(connection);
-    /// # let _ = store;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn build_cluster(self, connection: ClusterConnection) -> RedisStore {
-        self.with(Connection::Cluster(connection))
-    }
-
     fn with(self, connection: Connection) -> RedisStore {
         RedisStore {
             connection,
@@ -262,13 +242,33 @@ impl RedisStoreBuilder {
                     .into(),
             ));
         }
-        let connection = RedisStore::cluster_client(nodes)
-            .build()
-            .map_err(backend)?
-            .get_async_connection()
-            .await
-            .map_err(backend)?;
-        Ok(self.build_cluster(connection))
+        let client = RedisStore::cluster_client(nodes).build().map_err(backend)?;
+        self.open_cluster_with(client).await
+    }
+
+    /// Connects with a cluster client you configured yourself, and builds the store. Start
+    /// from [`RedisStore::cluster_client`]: redis-rs's own defaults retry a failed command 16
+    /// times, for minutes, while requests wait. The store keeps the client, to rebuild its
+    /// connection with the current slot map after a node was lost (see [`RedisStore`]).
+    ///
+    /// Fails with [`StoreError::Backend`] (the [`RedisError`] as its source) when no node
+    /// answers with the cluster's slot map now.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::RedisStore;
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = RedisStore::cluster_client(["redis://127.0.0.1:7000"])
+    ///     .response_timeout(Duration::from_secs(1))
+    ///     .build()?;
+    /// let store = RedisStore::builder().open_cluster_with(client).await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn open_cluster_with(self, client: ClusterClient) -> Result<RedisStore, StoreError> {
+        let cluster = Cluster::connect(client).await.map_err(backend)?;
+        Ok(self.with(Connection::Cluster(Arc::new(cluster))))
     }
 }
 
