@@ -54,12 +54,11 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
         None => None,
     };
 
-    let (idempotency, idempotency_name): (Arc<dyn Store>, &str) =
-        match (&config.redis, &database) {
-            (Some(redis), _) => redis_store(redis, config.redis_replica_wait).await?,
-            (None, Some(database)) => (sql_store(database).await?, database.database()),
-            (None, None) => (Arc::new(MemoryStore::new()), "memory"),
-        };
+    let (idempotency, idempotency_name): (Arc<dyn Store>, &str) = match (&config.redis, &database) {
+        (Some(redis), _) => redis_store(redis, config.redis_replica_wait).await?,
+        (None, Some(database)) => (sql_store(database).await?, database.database()),
+        (None, None) => (Arc::new(MemoryStore::new()), "memory"),
+    };
 
     let (payments, payments_name): (Arc<dyn Payments>, &str) = match database {
         Some(database) => {

@@ -50,9 +50,7 @@ pub enum Redis {
 impl Redis {
     fn from_env() -> Result<Option<Self>, String> {
         match (var("REDIS_CLUSTER_URLS"), var("REDIS_URL")) {
-            (Some(_), Some(_)) => {
-                Err("set REDIS_URL or REDIS_CLUSTER_URLS, not both".to_owned())
-            }
+            (Some(_), Some(_)) => Err("set REDIS_URL or REDIS_CLUSTER_URLS, not both".to_owned()),
             (Some(nodes), None) => Self::parse(&nodes, "REDIS_CLUSTER_URLS", true).map(Some),
             (None, Some(url)) => Self::parse(&url, "REDIS_URL", false).map(Some),
             (None, None) => Ok(None),

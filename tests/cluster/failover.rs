@@ -196,7 +196,11 @@ async fn client(app: Router, key: String, deadline: Instant) -> (Vec<StatusCode>
         }
         // As a well-behaved client: a 409 soon, a 503 after its `Retry-After` (1 s). Retrying
         // faster only piles claims onto a master that cannot take them.
-        let pause = if status == StatusCode::CONFLICT { 50 } else { 1000 };
+        let pause = if status == StatusCode::CONFLICT {
+            50
+        } else {
+            1000
+        };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     (statuses, false)
@@ -228,7 +232,10 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
     let victim = cluster.masters().await[0];
     let replica = cluster.replica_of(victim).await;
     let victim_slots = cluster.slots_of(victim).await;
-    let witness = cluster.ports().find(|&p| p != victim && p != replica).unwrap();
+    let witness = cluster
+        .ports()
+        .find(|&p| p != victim && p != replica)
+        .unwrap();
 
     let runs = Runs::default();
     let urls = cluster.urls();
@@ -312,11 +319,8 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
             .any(|&(low, high)| (low..=high).contains(&slot));
         let ran = runs.get(&outcome.key).copied().unwrap_or(0);
         figures.keys_on_victim += usize::from(on_victim);
-        figures.keys_errored += usize::from(
-            outcome
-                .statuses
-                .contains(&StatusCode::SERVICE_UNAVAILABLE),
-        );
+        figures.keys_errored +=
+            usize::from(outcome.statuses.contains(&StatusCode::SERVICE_UNAVAILABLE));
         figures.keys_ran_twice += usize::from(ran >= 2);
         figures.ran_twice_elsewhere += usize::from(ran >= 2 && !on_victim);
         figures.keys_never_ran += usize::from(ran == 0);

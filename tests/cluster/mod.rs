@@ -168,7 +168,7 @@ impl Cluster {
                     Some(Value::Int(port)) => *port,
                     _ => return None,
                 };
-                (owner_port == i64::from(master)).then(|| (*start as u16, *end as u16))
+                (owner_port == i64::from(master)).then_some((*start as u16, *end as u16))
             })
             .collect()
     }
@@ -189,7 +189,13 @@ impl Cluster {
         self.wait_until_info(port, "cluster", what, ok).await
     }
 
-    async fn wait_until_info(&self, port: u16, section: &str, what: &str, ok: impl Fn(&str) -> bool) {
+    async fn wait_until_info(
+        &self,
+        port: u16,
+        section: &str,
+        what: &str,
+        ok: impl Fn(&str) -> bool,
+    ) {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Ok(mut node) = connect(port).await {

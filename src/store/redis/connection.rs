@@ -48,6 +48,8 @@ struct Current {
     generation: u64,
     /// When the last rebuild started, to space them out.
     rebuilt_at: Option<Instant>,
+    /// One rebuild at a time: against an unreachable host each may take the connect timeout.
+    rebuilding: bool,
 }
 
 impl Cluster {
@@ -59,6 +61,7 @@ impl Cluster {
                 connection,
                 generation: 0,
                 rebuilt_at: None,
+                rebuilding: false,
             }),
         })
     }
@@ -84,16 +87,19 @@ impl Cluster {
             let recent = current
                 .rebuilt_at
                 .is_some_and(|at| at.elapsed() < REBUILD_AT_MOST_EVERY);
-            if current.generation != generation || recent {
+            if current.generation != generation || current.rebuilding || recent {
                 return;
             }
             current.rebuilt_at = Some(Instant::now());
+            current.rebuilding = true;
         }
         let cluster = self.clone();
         tokio::spawn(async move {
+            let rebuilt = cluster.client.get_async_connection().await;
+            let mut current = cluster.lock();
+            current.rebuilding = false;
             // A failed rebuild changes nothing: the next failure tries again.
-            if let Ok(connection) = cluster.client.get_async_connection().await {
-                let mut current = cluster.lock();
+            if let Ok(connection) = rebuilt {
                 if current.generation == generation {
                     current.connection = connection;
                     current.generation += 1;

@@ -535,10 +535,7 @@ impl Store for RedisStore {
                 let _ = self
                     .fenced(RELEASE.key(&redis_key).arg(&fence(token)[..]))
                     .await;
-                return Err(StoreError::backend(
-                    BACKEND,
-                    wait.fell_short(acknowledged),
-                ));
+                return Err(StoreError::backend(BACKEND, wait.fell_short(acknowledged)));
             }
         }
         Ok(ClaimOutcome::Claimed(token))
