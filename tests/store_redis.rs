@@ -44,16 +44,7 @@ async fn open_store() -> Option<RedisStore> {
         .expect("the test prefix is valid")
         .open(&url)
         .await;
-    match opened {
-        Ok(store) => Some(store),
-        Err(err) if conformance::require_all() => {
-            panic!("TEST_REDIS_URL={url} is set but unusable: {err} ({err:?})")
-        }
-        Err(err) => {
-            eprintln!("skipped: Redis at {url} is unreachable: {err}");
-            None
-        }
-    }
+    conformance::reachable("TEST_REDIS_URL", opened)
 }
 
 async fn open() -> Option<conformance::DynStore> {

@@ -43,16 +43,7 @@ async fn open_store(replica_wait: bool) -> Option<RedisStore> {
     if replica_wait {
         builder = builder.wait_for_replicas(1, Duration::from_secs(1));
     }
-    match builder.open_cluster(&urls).await {
-        Ok(store) => Some(store),
-        Err(err) if conformance::require_all() => {
-            panic!("TEST_REDIS_CLUSTER_URLS={urls:?} is set but unusable: {err} ({err:?})")
-        }
-        Err(err) => {
-            eprintln!("skipped: the Redis Cluster at {urls:?} is unreachable: {err}");
-            None
-        }
-    }
+    conformance::reachable("TEST_REDIS_CLUSTER_URLS", builder.open_cluster(&urls).await)
 }
 
 async fn open() -> Option<conformance::DynStore> {

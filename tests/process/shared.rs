@@ -19,22 +19,7 @@ use super::unique;
 mod backends;
 #[allow(unused_imports)] // each test binary uses a different part
 pub use backends::require_all;
-use backends::url_or_skip;
-
-/// `result`'s value, or `None` with a note when the server is unreachable (a failure with
-/// `TEST_REQUIRE_ALL_BACKENDS=1`).
-fn reachable<T>(var: &str, result: Result<T, sqlx::Error>) -> Option<T> {
-    match result {
-        Ok(value) => Some(value),
-        Err(error) if require_all() => {
-            panic!("{var} is set but the server is unreachable: {error}")
-        }
-        Err(error) => {
-            eprintln!("skipped: {var} is set but the server is unreachable: {error}");
-            None
-        }
-    }
-}
+use backends::{reachable, url_or_skip};
 
 /// The variable that points the example at Redis, and its value.
 #[derive(Clone)]

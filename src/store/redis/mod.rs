@@ -232,11 +232,8 @@ impl RedisStoreBuilder {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let nodes: Vec<String> = nodes
-            .into_iter()
-            .map(|node| node.as_ref().to_owned())
-            .collect();
-        if nodes.is_empty() {
+        let mut nodes = nodes.into_iter().peekable();
+        if nodes.peek().is_none() {
             return Err(StoreError::Config(
                 "no Redis Cluster node given; pass at least one redis:// URL of a cluster node"
                     .into(),
@@ -389,11 +386,7 @@ impl RedisStore {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let nodes: Vec<String> = nodes
-            .into_iter()
-            .map(|node| node.as_ref().to_owned())
-            .collect();
-        ClusterClientBuilder::new(nodes)
+        ClusterClientBuilder::new(nodes.into_iter().map(|node| node.as_ref().to_owned()))
             .connection_timeout(Duration::from_secs(2))
             .response_timeout(Duration::from_secs(5))
             .retries(3)
