@@ -1,6 +1,6 @@
 # Sourced by scripts/test and scripts/bench: makes sure PostgreSQL, MariaDB, Redis and a local
-# Redis Cluster answer on this machine, starting (or, on a bare machine, installing) any that does not, and creates
-# the databases the tests use. Idempotent: a running server is left alone.
+# Redis Cluster answer on this machine, starting (or, on a bare machine, installing) any that
+# does not, and creates the databases the tests use. Idempotent: a running server is left alone.
 
 log() { echo "services: $*" >&2; }
 
