@@ -1,6 +1,7 @@
-# Sourced by scripts/test and scripts/bench: makes sure PostgreSQL, MariaDB, Redis, RabbitMQ and
-# NATS (with JetStream) answer on this machine, starting (or, on a bare machine, installing) any that does not, and creates
-# the databases the tests use. Idempotent: a running server is left alone.
+# Sourced by scripts/test and scripts/bench: makes sure PostgreSQL, MariaDB, Redis, a local
+# Redis Cluster, RabbitMQ and NATS (with JetStream) answer on this machine, starting (or, on a
+# bare machine, installing) any that does not, and creates the databases the tests use.
+# Idempotent: a running server is left alone.
 
 log() { echo "services: $*" >&2; }
 
@@ -82,6 +83,48 @@ ensure_nats() {
       -l /var/log/nats-server.log </dev/null >/dev/null 2>&1 &
     wait_for NATS port_open 4222
   fi
+
+# A 3-master / 3-replica Redis Cluster on 127.0.0.1:7000-7005 (cluster bus 17000-17005), data
+# in a temp dir, for the RedisStore cluster tests. Idempotent: a cluster that reports
+# cluster_state:ok is left alone; nodes that answer but form no cluster are created into one.
+REDIS_CLUSTER_PORTS="7000 7001 7002 7003 7004 7005"
+REDIS_CLUSTER_DIR="${REDIS_CLUSTER_DIR:-${TMPDIR:-/tmp}/tower-idempotency-redis-cluster}"
+
+redis_cluster_ok() {
+  local port
+  for port in $REDIS_CLUSTER_PORTS; do
+    redis-cli -h 127.0.0.1 -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+  done
+}
+
+ensure_redis_cluster() {
+  command -v redis-server >/dev/null || apt_install redis-server
+  if ! redis_cluster_ok; then
+    local port started=""
+    for port in $REDIS_CLUSTER_PORTS; do
+      if ! redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1; then
+        [ -n "$started" ] || log "starting the Redis Cluster nodes in $REDIS_CLUSTER_DIR"
+        started=1
+        mkdir -p "$REDIS_CLUSTER_DIR/$port"
+        redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+          --cluster-enabled yes --cluster-config-file "nodes-$port.conf" \
+          --cluster-node-timeout 5000 --dir "$REDIS_CLUSTER_DIR/$port" \
+          --logfile "$REDIS_CLUSTER_DIR/$port/redis.log"
+        wait_for "Redis Cluster node $port" redis-cli -h 127.0.0.1 -p "$port" ping
+      fi
+    done
+    # Nodes that already know each other (a cluster coming back) only need time to agree.
+    if [ "$(redis-cli -h 127.0.0.1 -p 7000 cluster info | tr -d '\r' | sed -n 's/^cluster_known_nodes://p')" = 1 ]; then
+      log "creating the Redis Cluster"
+      local nodes=()
+      for port in $REDIS_CLUSTER_PORTS; do nodes+=("127.0.0.1:$port"); done
+      redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
+    fi
+    wait_for "Redis Cluster (cluster_state:ok)" redis_cluster_ok
+  fi
+  local urls=()
+  for port in $REDIS_CLUSTER_PORTS; do urls+=("redis://127.0.0.1:$port"); done
+  export TEST_REDIS_CLUSTER_URLS="${TEST_REDIS_CLUSTER_URLS:-$(IFS=,; echo "${urls[*]}")}"
 }
 
 ensure_services() {
@@ -90,6 +133,7 @@ ensure_services() {
   ensure_redis
   ensure_rabbitmq
   ensure_nats
+  ensure_redis_cluster
   export TEST_POSTGRES_URL="${TEST_POSTGRES_URL:-postgres://root@127.0.0.1:5432/test}"
   export TEST_MYSQL_URL="${TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
   export TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"

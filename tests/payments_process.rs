@@ -513,3 +513,19 @@ async fn mysql_transactional_storm_leaves_other_keys_flowing() {
             .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_two_processes_are_one_service() {
+    if let Some(shared) = Shared::redis_cluster() {
+        shared.run(two_processes_are_one_service).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_a_killed_owner_is_taken_over_after_its_lease() {
+    if let Some(shared) = Shared::redis_cluster() {
+        shared
+            .run(a_killed_owner_is_taken_over_after_its_lease)
+            .await;
+    }
+}

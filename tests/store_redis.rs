@@ -21,7 +21,7 @@ use std::{
 use bytes::Bytes;
 use redis::{aio::ConnectionManager, AsyncCommands};
 use tower_idempotency::{
-    store::{RedisStore, Store, StoreError},
+    store::{RedisStore, ReplicaWaitTimedOut, Store, StoreError},
     ClaimOutcome, Record, StoreKey,
 };
 
@@ -44,16 +44,7 @@ async fn open_store() -> Option<RedisStore> {
         .expect("the test prefix is valid")
         .open(&url)
         .await;
-    match opened {
-        Ok(store) => Some(store),
-        Err(err) if conformance::require_all() => {
-            panic!("TEST_REDIS_URL={url} is set but unusable: {err} ({err:?})")
-        }
-        Err(err) => {
-            eprintln!("skipped: Redis at {url} is unreachable: {err}");
-            None
-        }
-    }
+    conformance::reachable("TEST_REDIS_URL", opened)
 }
 
 async fn open() -> Option<conformance::DynStore> {
@@ -369,4 +360,51 @@ async fn store_survives_a_server_restart() {
             Err(err) => panic!("the store did not reconnect: {err}"),
         }
     }
+}
+
+/// The shared test server has no replica, so a claim made with a replica wait is never
+/// acknowledged: it fails with a typed error naming the shortfall, and is withdrawn, so the
+/// key is free again (no claim left to block the client's retry until its lease ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacknowledged_claim_is_withdrawn_with_a_typed_error() {
+    let Some(url) = conformance::url_or_skip("TEST_REDIS_URL") else {
+        return;
+    };
+    let replicas: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut raw().await)
+        .await
+        .unwrap();
+    assert!(
+        replicas.contains("connected_slaves:0"),
+        "this test needs a server without replicas: {replicas}"
+    );
+    let store = RedisStore::builder()
+        .prefix(test_prefix())
+        .unwrap()
+        .wait_for_replicas(1, Duration::from_millis(50))
+        .open(&url)
+        .await
+        .unwrap();
+    let key = StoreKey::new(conformance::fresh_scope(), "k");
+    let err = store
+        .claim(&key, &conformance::fp("a"), Duration::from_secs(30))
+        .await
+        .expect_err("no replica can acknowledge the claim");
+    assert!(err.is_unavailable());
+    let shortfall = std::error::Error::source(&err)
+        .and_then(|source| source.downcast_ref::<ReplicaWaitTimedOut>())
+        .unwrap_or_else(|| panic!("expected a ReplicaWaitTimedOut source, got {err:?}"));
+    assert_eq!(
+        (shortfall.acknowledged, shortfall.wanted),
+        (0, 1),
+        "{shortfall}"
+    );
+    assert_eq!(
+        store.lookup(&key).await.unwrap(),
+        None,
+        "the claim was withdrawn"
+    );
+    let exists: bool = raw().await.exists(store.redis_key(&key)).await.unwrap();
+    assert!(!exists);
 }

@@ -10,6 +10,9 @@
 //! (`IDEMPOTENCY_MODE`): the claim, the charge and the stored response commit in one
 //! transaction of that database, so a crash can never leave a charge without its record.
 //!
+//! `REDIS_URL` with several comma-separated nodes, or `REDIS_CLUSTER_URLS`, puts the records
+//! on a Redis Cluster.
+//!
 //! With a database, payments and idempotency records share ONE pool and one database, so
 //! every process pointed at it sees the same charges and the same keys: several processes
 //! behave as one service.
@@ -30,7 +33,7 @@ use tower_idempotency::{
 };
 
 use crate::{
-    config::{Config, Mode},
+    config::{Config, Mode, Redis},
     payments::{MemoryPayments, Payments},
     sql_payments::SqlPayments,
 };
@@ -70,16 +73,16 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
             .build()
     };
     let (idempotency, idempotency_name, layer): (Arc<dyn Store>, &str, IdempotencyLayer) =
-        match (&config.redis_url, &database, config.mode) {
+        match (&config.redis, &database, config.mode) {
             (None, Some(database), Mode::Transactional) => {
                 let (store, layer) = transactional(database, engine).await?;
                 (store, database.database(), layer)
             }
-            (Some(url), _, _) => {
-                let store = redis_store(url).await?;
+            (Some(redis), _, _) => {
+                let (store, name) = redis_store(redis, config.redis_replica_wait).await?;
                 (
                     store.clone(),
-                    "redis",
+                    name,
                     IdempotencyLayer::from_engine(engine(store)?),
                 )
             }
@@ -247,10 +250,31 @@ async fn transactional(
     })
 }
 
-/// Redis keeps the records itself (keys expire with `PX`): nothing to migrate.
-async fn redis_store(url: &str) -> Result<Arc<dyn Store>, Error> {
-    let store = RedisStore::open(url)
-        .await
-        .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?;
-    Ok(Arc::new(store))
+/// Redis keeps the records itself (keys expire with `PX`): nothing to migrate. A cluster is
+/// found from any of its nodes.
+async fn redis_store(
+    redis: &Redis,
+    replica_wait: Option<Duration>,
+) -> Result<(Arc<dyn Store>, &'static str), Error> {
+    let mut builder = RedisStore::builder();
+    if let Some(timeout) = replica_wait {
+        builder = builder.wait_for_replicas(1, timeout);
+    }
+    let (store, name) = match redis {
+        Redis::Single(url) => (
+            builder
+                .open(url)
+                .await
+                .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?,
+            "redis",
+        ),
+        Redis::Cluster(nodes) => (
+            builder
+                .open_cluster(nodes)
+                .await
+                .map_err(|e| format!("cannot connect to the Redis Cluster at {nodes:?}: {e}"))?,
+            "redis-cluster",
+        ),
+    };
+    Ok((Arc::new(store), name))
 }

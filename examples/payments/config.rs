@@ -7,7 +7,10 @@ use std::{str::FromStr, time::Duration};
 pub struct Config {
     pub bind: String,
     pub database_url: Option<String>,
-    pub redis_url: Option<String>,
+    /// `REDIS_CLUSTER_URLS`, or `REDIS_URL` (several comma-separated nodes name a cluster).
+    pub redis: Option<Redis>,
+    /// `REDIS_REPLICA_WAIT_MS`: wait this long for one replica to acknowledge each claim.
+    pub redis_replica_wait: Option<Duration>,
     pub lease: Duration,
     pub retention: Duration,
     pub idempotency_disabled: bool,
@@ -29,12 +32,12 @@ pub enum Mode {
 impl Config {
     pub fn from_env() -> Result<Self, String> {
         let database_url = var("DATABASE_URL");
-        let redis_url = var("REDIS_URL");
+        let redis = Redis::from_env()?;
         let mode = match var("IDEMPOTENCY_MODE").as_deref() {
-            None if database_url.is_some() && redis_url.is_none() => Mode::Transactional,
+            None if database_url.is_some() && redis.is_none() => Mode::Transactional,
             None | Some("separate") => Mode::Separate,
-            Some("transactional") if redis_url.is_some() => {
-                return Err("IDEMPOTENCY_MODE=transactional keeps the records in the payments database: unset REDIS_URL".to_owned())
+            Some("transactional") if redis.is_some() => {
+                return Err("IDEMPOTENCY_MODE=transactional keeps the records in the payments database: unset REDIS_URL and REDIS_CLUSTER_URLS".to_owned())
             }
             Some("transactional") if database_url.is_none() => {
                 return Err("IDEMPOTENCY_MODE=transactional needs a SQL DATABASE_URL (postgres://, mysql:// or sqlite://)".to_owned())
@@ -50,7 +53,11 @@ impl Config {
             mode,
             bind: var("BIND").unwrap_or_else(|| "127.0.0.1:3000".to_owned()),
             database_url,
-            redis_url,
+            redis,
+            redis_replica_wait: match number("REDIS_REPLICA_WAIT_MS", 0)? {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
             lease: Duration::from_millis(number("IDEMPOTENCY_LEASE_MS", 30_000)?),
             retention: Duration::from_secs(number("IDEMPOTENCY_TTL_SECS", 86_400)?),
             idempotency_disabled: var("IDEMPOTENCY_DISABLED").as_deref() == Some("1"),
@@ -58,6 +65,41 @@ impl Config {
             delay_after_charge: Duration::from_millis(number("PAYMENTS_DELAY_AFTER_CHARGE_MS", 0)?),
             fail_first: number("PAYMENTS_FAIL_FIRST", 0)?,
         })
+    }
+}
+
+/// Where the idempotency records go when Redis is configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redis {
+    /// One server: `REDIS_URL=redis://host:6379`.
+    Single(String),
+    /// A Redis Cluster, given by some of its nodes: `REDIS_CLUSTER_URLS=redis://a:7000,...`,
+    /// or `REDIS_URL` with several comma-separated nodes.
+    Cluster(Vec<String>),
+}
+
+impl Redis {
+    fn from_env() -> Result<Option<Self>, String> {
+        match (var("REDIS_CLUSTER_URLS"), var("REDIS_URL")) {
+            (Some(_), Some(_)) => Err("set REDIS_URL or REDIS_CLUSTER_URLS, not both".to_owned()),
+            (Some(nodes), None) => Self::parse(&nodes, "REDIS_CLUSTER_URLS", true).map(Some),
+            (None, Some(url)) => Self::parse(&url, "REDIS_URL", false).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
+    fn parse(text: &str, name: &str, cluster: bool) -> Result<Self, String> {
+        let nodes: Vec<String> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|node| !node.is_empty())
+            .map(str::to_owned)
+            .collect();
+        match nodes.as_slice() {
+            [] => Err(format!("{name}={text:?} names no Redis node")),
+            [single] if !cluster => Ok(Self::Single(single.clone())),
+            _ => Ok(Self::Cluster(nodes)),
+        }
     }
 }
 
@@ -71,5 +113,31 @@ fn number<T: FromStr>(name: &str, default: T) -> Result<T, String> {
         Some(text) => text
             .parse()
             .map_err(|_| format!("{name}={text:?} is not a valid non-negative integer")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Redis;
+
+    #[test]
+    fn one_url_is_a_server_several_or_the_cluster_variable_a_cluster() {
+        let url = "redis://127.0.0.1:6379";
+        assert_eq!(
+            Redis::parse(url, "REDIS_URL", false),
+            Ok(Redis::Single(url.to_owned()))
+        );
+        assert_eq!(
+            Redis::parse(url, "REDIS_CLUSTER_URLS", true),
+            Ok(Redis::Cluster(vec![url.to_owned()]))
+        );
+        assert_eq!(
+            Redis::parse("redis://a:7000, redis://b:7001,", "REDIS_URL", false),
+            Ok(Redis::Cluster(vec![
+                "redis://a:7000".to_owned(),
+                "redis://b:7001".to_owned()
+            ]))
+        );
+        assert!(Redis::parse(" , ", "REDIS_URL", false).is_err());
     }
 }

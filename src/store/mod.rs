@@ -52,7 +52,7 @@ pub(crate) mod sqlite;
 mod table_name;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder};
+pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder, ReplicaWaitTimedOut};
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};

@@ -25,7 +25,7 @@ pub type DynStore = Arc<dyn Store>;
 #[path = "../support/backends.rs"]
 mod backends;
 #[allow(unused_imports)] // each test binary uses a different part
-pub use backends::{require_all, url_or_skip};
+pub use backends::{reachable, require_all, url_or_skip};
 
 pub fn fresh_scope() -> String {
     format!("conformance-{}", Token::random().to_hex())

@@ -28,10 +28,12 @@ use tokio::{
 
 /// Every variable of the example's contract: cleared before a start, so that a
 /// `DATABASE_URL` in the developer's shell cannot leak into a test.
-const CONTRACT_VARS: [&str; 11] = [
+const CONTRACT_VARS: &[&str] = &[
     "BIND",
     "DATABASE_URL",
     "REDIS_URL",
+    "REDIS_CLUSTER_URLS",
+    "REDIS_REPLICA_WAIT_MS",
     "IDEMPOTENCY_LEASE_MS",
     "IDEMPOTENCY_TTL_SECS",
     "IDEMPOTENCY_DISABLED",

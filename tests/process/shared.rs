@@ -1,6 +1,6 @@
 //! A database several example processes share, private to one test: a fresh PostgreSQL
-//! schema, a fresh MySQL database, or a fresh SQLite file (plus Redis for the idempotency
-//! records). Each knows the environment that points the example at it and can count the
+//! schema, a fresh MySQL database, or a fresh SQLite file (plus Redis, or a Redis Cluster,
+//! for the idempotency records). Each knows the environment that points the example at it and can count the
 //! charge rows behind the example's back.
 //!
 //! PostgreSQL keeps the example's unqualified table names (`payments`, `charges`,
@@ -17,22 +17,15 @@ use super::unique;
 
 #[path = "../support/backends.rs"]
 mod backends;
+use backends::reachable;
 #[allow(unused_imports)] // each test binary uses a different part
 pub use backends::{require_all, url_or_skip};
 
-/// `result`'s value, or `None` with a note when the server is unreachable (a failure with
-/// `TEST_REQUIRE_ALL_BACKENDS=1`).
-fn reachable<T>(var: &str, result: Result<T, sqlx::Error>) -> Option<T> {
-    match result {
-        Ok(value) => Some(value),
-        Err(error) if require_all() => {
-            panic!("{var} is set but the server is unreachable: {error}")
-        }
-        Err(error) => {
-            eprintln!("skipped: {var} is set but the server is unreachable: {error}");
-            None
-        }
-    }
+/// The variable that points the example at Redis, and its value.
+#[derive(Clone)]
+pub struct RedisEnv {
+    var: &'static str,
+    value: String,
 }
 
 #[derive(Clone)]
@@ -51,7 +44,7 @@ pub enum Shared {
     Sqlite {
         dir: PathBuf,
         url: String,
-        redis_url: Option<String>,
+        redis: Option<RedisEnv>,
     },
 }
 
@@ -95,7 +88,7 @@ impl Shared {
         Self::Sqlite {
             dir,
             url,
-            redis_url: None,
+            redis: None,
         }
     }
 
@@ -103,12 +96,22 @@ impl Shared {
     /// charges of every process, dead or alive, can be counted in one place). Keys are kept
     /// apart from other runs by the random keys and callers the tests use.
     pub fn redis() -> Option<Self> {
-        let redis_url = url_or_skip("TEST_REDIS_URL")?;
+        Self::with_redis("TEST_REDIS_URL", "REDIS_URL")
+    }
+
+    /// Like [`redis`](Self::redis), on the Redis Cluster in `TEST_REDIS_CLUSTER_URLS`, which
+    /// the example is given as `REDIS_CLUSTER_URLS`.
+    pub fn redis_cluster() -> Option<Self> {
+        Self::with_redis("TEST_REDIS_CLUSTER_URLS", "REDIS_CLUSTER_URLS")
+    }
+
+    fn with_redis(test_var: &str, var: &'static str) -> Option<Self> {
+        let value = url_or_skip(test_var)?;
         match Self::sqlite() {
             Self::Sqlite { dir, url, .. } => Some(Self::Sqlite {
                 dir,
                 url,
-                redis_url: Some(redis_url),
+                redis: Some(RedisEnv { var, value }),
             }),
             _ => unreachable!(),
         }
@@ -128,12 +131,11 @@ impl Shared {
         match self {
             Self::Postgres { .. } => "postgres",
             Self::MySql { .. } => "mysql",
+            Self::Sqlite { redis: None, .. } => "sqlite",
             Self::Sqlite {
-                redis_url: None, ..
-            } => "sqlite",
-            Self::Sqlite {
-                redis_url: Some(_), ..
-            } => "redis",
+                redis: Some(redis), ..
+            } if redis.var == "REDIS_CLUSTER_URLS" => "redis-cluster",
+            Self::Sqlite { redis: Some(_), .. } => "redis",
         }
     }
 
@@ -144,10 +146,10 @@ impl Shared {
             Self::Postgres { url, .. } | Self::MySql { url, .. } => {
                 env.push(("DATABASE_URL".to_owned(), url.clone()));
             }
-            Self::Sqlite { url, redis_url, .. } => {
+            Self::Sqlite { url, redis, .. } => {
                 env.push(("DATABASE_URL".to_owned(), url.clone()));
-                if let Some(redis_url) = redis_url {
-                    env.push(("REDIS_URL".to_owned(), redis_url.clone()));
+                if let Some(RedisEnv { var, value }) = redis {
+                    env.push(((*var).to_owned(), value.clone()));
                 }
             }
         }

@@ -23,3 +23,18 @@ pub fn url_or_skip(var: &str) -> Option<String> {
         }
     }
 }
+
+/// `result`'s value, or `None` with a note when the server named by `var` is set but
+/// unreachable, unless [`require_all`], which makes that a failure.
+pub fn reachable<T, E: std::fmt::Display>(var: &str, result: Result<T, E>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(error) if require_all() => {
+            panic!("{var} is set but the server is unreachable: {error}")
+        }
+        Err(error) => {
+            eprintln!("skipped: {var} is set but the server is unreachable: {error}");
+            None
+        }
+    }
+}

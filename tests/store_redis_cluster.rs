@@ -1,0 +1,154 @@
+//! `RedisStore` on a real Redis Cluster: the conformance suite (with and without the replica
+//! wait), the spread of records over the masters, and a failover measured during a storm.
+//!
+//! `TEST_REDIS_CLUSTER_URLS` lists the nodes of the shared cluster, comma-separated
+//! (`scripts/services.sh` starts one on 127.0.0.1:7000-7005); without it these tests are
+//! skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`. The failover test starts and kills a cluster
+//! of its own (127.0.0.1:7100-7105), so the shared one survives it.
+
+mod cluster;
+mod conformance;
+
+use std::{sync::Arc, sync::OnceLock, time::Duration};
+
+use cluster::failover::{self, Mode};
+use redis::AsyncCommands;
+use tower_idempotency::{
+    store::{RedisStore, Store, StoreError},
+    ClaimOutcome, StoreKey,
+};
+
+fn test_prefix() -> &'static str {
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        format!(
+            "tower-idempotency-test:{}:{}:",
+            std::process::id(),
+            tower_idempotency::Token::random().to_hex()
+        )
+    })
+}
+
+fn cluster_urls() -> Option<Vec<String>> {
+    let urls = conformance::url_or_skip("TEST_REDIS_CLUSTER_URLS")?;
+    Some(urls.split(',').map(|url| url.trim().to_owned()).collect())
+}
+
+/// A store on a NEW cluster connection, or `None` when `TEST_REDIS_CLUSTER_URLS` is unset.
+async fn open_store(replica_wait: bool) -> Option<RedisStore> {
+    let urls = cluster_urls()?;
+    let mut builder = RedisStore::builder()
+        .prefix(test_prefix())
+        .expect("the test prefix is valid");
+    if replica_wait {
+        builder = builder.wait_for_replicas(1, Duration::from_secs(1));
+    }
+    conformance::reachable("TEST_REDIS_CLUSTER_URLS", builder.open_cluster(&urls).await)
+}
+
+async fn open() -> Option<conformance::DynStore> {
+    Some(Arc::new(open_store(false).await?))
+}
+
+/// A cluster connection is built by asking a live node for the slot map, so a store on a
+/// dead cluster cannot exist: see `open_cluster_fails_typed_on_no_nodes_or_dead_nodes`.
+async fn no_store_on_a_dead_address() -> Option<conformance::DynStore> {
+    None
+}
+
+conformance_tests!(open: open(), unreachable: no_store_on_a_dead_address(), exact_purge_count: false);
+
+/// The same suite with `WAIT 1` pipelined behind every claim: nothing of the contract changes.
+mod with_replica_wait {
+    use crate::conformance;
+
+    async fn open() -> Option<conformance::DynStore> {
+        Some(std::sync::Arc::new(crate::open_store(true).await?))
+    }
+
+    crate::conformance_tests!(open: open(), unreachable: crate::no_store_on_a_dead_address(), exact_purge_count: false);
+}
+
+#[tokio::test]
+async fn open_cluster_fails_typed_on_no_nodes_or_dead_nodes() {
+    let none: [&str; 0] = [];
+    let err = RedisStore::open_cluster(none).await.unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err:?}");
+
+    for nodes in [vec!["redis://127.0.0.1:1"], vec!["not a url"]] {
+        match RedisStore::open_cluster(&nodes).await.unwrap_err() {
+            StoreError::Backend { backend, source } => {
+                assert_eq!(backend, "redis");
+                assert!(source.downcast_ref::<redis::RedisError>().is_some());
+            }
+            other => panic!("{nodes:?}: expected a backend error, got {other:?}"),
+        }
+    }
+}
+
+/// Records spread over every master (the key carries no hash tag), and the store follows the
+/// redirects to each: every record is found again by `lookup`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_spread_over_every_master() {
+    let Some(store) = open_store(false).await else {
+        return;
+    };
+    assert!(store.is_cluster());
+    let scope = conformance::fresh_scope();
+    let keys: Vec<StoreKey> = (0..64)
+        .map(|i| StoreKey::new(scope.clone(), format!("k{i}")))
+        .collect();
+    for key in &keys {
+        let outcome = store
+            .claim(key, &conformance::fp("a"), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(matches!(outcome, ClaimOutcome::Claimed(_)));
+    }
+    for key in &keys {
+        assert!(store.lookup(key).await.unwrap().is_some());
+    }
+
+    let urls = cluster_urls().expect("checked by open_store");
+    let mut masters_with_records = 0;
+    for url in &urls {
+        let mut node = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut node).await.unwrap();
+        if role.first() != Some(&redis::Value::BulkString(b"master".to_vec())) {
+            continue;
+        }
+        let mut found = 0;
+        for key in &keys {
+            // A master answers only for its own slots; others redirect (an error here).
+            let exists: redis::RedisResult<bool> = node.exists(store.redis_key(key)).await;
+            found += usize::from(exists.unwrap_or(false));
+        }
+        assert!(found > 0, "master {url} holds none of the 64 records");
+        masters_with_records += 1;
+    }
+    assert_eq!(masters_with_records, 3, "a 3-master cluster");
+}
+
+/// SIGKILL a master during a storm, once without and once with the replica wait, on a
+/// throw-away cluster; prints the figures and asserts what each mode guarantees (see
+/// `tests/cluster/failover.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_during_a_storm() {
+    if cluster_urls().is_none() {
+        return;
+    }
+    let mut figures = Vec::new();
+    for mode in [Mode::NoWait, Mode::ReplicaWait] {
+        let Some(result) = failover::run(mode, 7100).await else {
+            return;
+        };
+        println!("{result}");
+        result.assert_guarantees();
+        figures.push(result);
+    }
+    println!("{}", failover::table(&figures));
+}
