@@ -446,6 +446,65 @@ macro_rules! transactional_tests {
             assert_eq!(effects(&store, &table, &key).await, 1);
             drop_table(&store, &table).await;
         }
+
+        /// A second process starting (its `migrate()`) while an owner's transaction is open
+        /// on the records table neither waits for that owner nor makes other writers wait
+        /// behind it (on PostgreSQL a `CREATE INDEX IF NOT EXISTS` would queue for a lock
+        /// behind the owner, and every later insert behind the `CREATE INDEX`).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn migrating_again_beside_a_running_owner_blocks_nobody() {
+            let Some((store, table)) = fixture(4).await else {
+                return;
+            };
+            let mode = Transactional::new(store.clone());
+            let key = fresh_key("held");
+            let runs = Arc::new(AtomicUsize::new(0));
+            let gate = Arc::new(tokio::sync::Notify::new());
+            let owner = {
+                let (mode, key, table) = (mode.clone(), key.clone(), table.clone());
+                let (runs, gate) = (runs.clone(), gate.clone());
+                tokio::spawn(async move {
+                    let key_for_op = key.clone();
+                    mode.run_once(key, fp("held"), move |conn| {
+                        Box::pin(async move {
+                            effect(conn, &table, &key_for_op).await?;
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            gate.notified().await;
+                            Ok::<_, sqlx::Error>(Bytes::from_static(b"held"))
+                        })
+                    })
+                    .await
+                })
+            };
+            while runs.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let restarted = reopen(&store, 2).await;
+            tokio::time::timeout(Duration::from_secs(3), restarted.migrate())
+                .await
+                .expect("migrate waited for the running owner")
+                .expect("migrate");
+            if UNRELATED_KEYS_RUN_BESIDE_AN_OWNER {
+                let other = fresh_key("other");
+                let (table2, other_for_op) = (table.clone(), other.clone());
+                let unrelated = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    Transactional::new(restarted).run_once(other, fp("other"), move |conn| {
+                        Box::pin(async move {
+                            effect(conn, &table2, &other_for_op).await?;
+                            Ok::<_, sqlx::Error>(Bytes::from_static(b"other"))
+                        })
+                    }),
+                )
+                .await
+                .expect("another key waited behind the migration");
+                assert!(unrelated.is_ok(), "{unrelated:?}");
+            }
+            gate.notify_one();
+            owner.await.expect("join").expect("the owner commits");
+            assert_eq!(effects(&store, &table, &key).await, 1);
+            drop_table(&store, &table).await;
+        }
     };
 }
 

@@ -371,20 +371,16 @@ impl Engine {
     /// and looks again after a capped, doubling pause, or at once when asked. Runs until the
     /// last waiter leaves (which aborts it).
     async fn watch(self, key: StoreKey, watch: Arc<waiters::KeyWatch>) {
-        let (first, max_pause) = self.config.poll;
-        let mut pause = first;
-        loop {
-            let seen = match self.bounded(self.store.lookup(&key)).await {
-                Ok(Some(record)) => Seen::Record(record),
-                Ok(None) => Seen::Absent,
-                Err(error) => Seen::Failed(Arc::new(error)),
-            };
-            watch.publish(seen);
-            tokio::select! {
-                () = watch.look_requested() => pause = first,
-                () = tokio::time::sleep(pause) => pause = (pause * 2).min(max_pause),
-            }
-        }
+        let (engine, key) = (&self, &key);
+        watch
+            .poll(self.config.poll, move || async move {
+                match engine.bounded(engine.store.lookup(key)).await {
+                    Ok(Some(record)) => Seen::Record(record),
+                    Ok(None) => Seen::Absent,
+                    Err(error) => Seen::Failed(Arc::new(error)),
+                }
+            })
+            .await
     }
 
     pub(crate) fn still_running(&self) -> EngineError {

@@ -9,7 +9,9 @@
 
 use std::{
     collections::{hash_map, HashMap},
+    future::Future,
     sync::{Arc, Mutex, PoisonError},
+    time::Duration,
 };
 
 use tokio::{
@@ -50,8 +52,27 @@ impl KeyWatch {
 
     /// Resolves when someone asks for a fresh look; a request made while nobody listened is
     /// kept for the next call.
-    pub(crate) async fn look_requested(&self) {
+    async fn look_requested(&self) {
         self.look_now.notified().await
+    }
+
+    /// The poller's loop: `look`, publish what it saw, then look again after a pause that
+    /// starts at `poll.0` and doubles up to `poll.1`, or at once when asked (an owner in this
+    /// process settled the key). Never returns: the last waiter leaving aborts it.
+    pub(crate) async fn poll<F, Fut>(&self, poll: (Duration, Duration), mut look: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Seen>,
+    {
+        let (first, max_pause) = poll;
+        let mut pause = first;
+        loop {
+            self.publish(look().await);
+            tokio::select! {
+                () = self.look_requested() => pause = first,
+                () = tokio::time::sleep(pause) => pause = (pause * 2).min(max_pause),
+            }
+        }
     }
 }
 

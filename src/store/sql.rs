@@ -79,15 +79,30 @@ fn corrupt(backend: &'static str, detail: String) -> StoreError {
 }
 
 /// Runs `schema` (several statements) on PostgreSQL in one transaction under an advisory lock
-/// named after `what`, so that processes starting at once do not race on `CREATE .. IF NOT
+/// named after `table`, so that processes starting at once do not race on `CREATE .. IF NOT
 /// EXISTS` (which is not safe against a concurrent create of the same table).
+///
+/// When everything `schema` creates exists already (every start after the first), it runs
+/// nothing: even `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on the table before it finds
+/// the index there, which queues behind any open transaction that wrote to the table (a
+/// transactional-mode owner, say) and makes every later writer queue behind it in turn.
 #[cfg(feature = "postgres")]
 pub(crate) async fn migrate_postgres(
     pool: &sqlx::PgPool,
-    what: &str,
+    table: &str,
     schema: &str,
 ) -> Result<(), sqlx::Error> {
     use sqlx::Executor;
+    let relations = created_relations(schema, table);
+    let present: Option<bool> =
+        sqlx::query_scalar("SELECT bool_and(to_regclass(r) IS NOT NULL) FROM unnest($1::text[]) r")
+            .bind(&relations)
+            .fetch_one(pool)
+            .await?;
+    if present == Some(true) {
+        return Ok(());
+    }
+    let what = table;
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("tower-idempotency migrate {what}"))
@@ -98,4 +113,43 @@ pub(crate) async fn migrate_postgres(
     // lifetime limitation), so `migrate` could not be spawned.
     tx.execute(sqlx::raw_sql(schema)).await?;
     tx.commit().await
+}
+
+/// The tables and indexes `schema` creates (`CREATE TABLE|INDEX IF NOT EXISTS <name>`), each
+/// index qualified with the schema of `table` when it has one (an index lives in its table's
+/// schema). The text is this crate's own DDL, never user input.
+#[cfg(feature = "postgres")]
+fn created_relations(schema: &str, table: &str) -> Vec<String> {
+    let table_schema = table.rsplit_once('.').map(|(schema, _)| schema);
+    let mut relations = Vec::new();
+    for (marker, qualify) in [
+        ("CREATE TABLE IF NOT EXISTS ", false),
+        ("CREATE INDEX IF NOT EXISTS ", true),
+    ] {
+        for (at, _) in schema.match_indices(marker) {
+            let name = schema[at + marker.len()..]
+                .split(|c: char| c.is_whitespace() || c == '(')
+                .next()
+                .unwrap_or_default();
+            match table_schema {
+                Some(prefix) if qualify => relations.push(format!("{prefix}.{name}")),
+                _ => relations.push(name.to_owned()),
+            }
+        }
+    }
+    relations
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::created_relations;
+
+    #[test]
+    fn the_relations_a_schema_creates_are_found_and_indexes_qualified() {
+        let schema = "CREATE TABLE IF NOT EXISTS s.t (a INT);\nCREATE INDEX IF NOT EXISTS t_a_idx\n    ON s.t (a);\n";
+        assert_eq!(created_relations(schema, "s.t"), ["s.t", "s.t_a_idx"]);
+        let schema =
+            "CREATE TABLE IF NOT EXISTS t (a INT);\nCREATE INDEX IF NOT EXISTS t_a_idx ON t (a);";
+        assert_eq!(created_relations(schema, "t"), ["t", "t_a_idx"]);
+    }
 }

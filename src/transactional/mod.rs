@@ -241,21 +241,17 @@ impl<S: TransactionalStore> Transactional<S> {
     /// publishes what it saw, and looks again after a capped, doubling pause, or at once when
     /// an owner of this process ends. Runs until the last waiter leaves (which aborts it).
     async fn watch(self, key: StoreKey, watch: Arc<KeyWatch>) {
-        let (first, max_pause) = self.engine.config.poll;
-        let mut pause = first;
-        loop {
-            let seen = match self.engine.bounded(self.dialect.probe(&key)).await {
-                Ok(Probe::Live(record)) => Seen::Record(record),
-                Ok(Probe::Busy) => Seen::Busy,
-                Ok(Probe::Absent) => Seen::Absent,
-                Err(error) => Seen::Failed(Arc::new(error)),
-            };
-            watch.publish(seen);
-            tokio::select! {
-                () = watch.look_requested() => pause = first,
-                () = tokio::time::sleep(pause) => pause = (pause * 2).min(max_pause),
-            }
-        }
+        let (mode, key) = (&self, &key);
+        watch
+            .poll(self.engine.config.poll, move || async move {
+                match mode.engine.bounded(mode.dialect.probe(key)).await {
+                    Ok(Probe::Live(record)) => Seen::Record(record),
+                    Ok(Probe::Busy) => Seen::Busy,
+                    Ok(Probe::Absent) => Seen::Absent,
+                    Err(error) => Seen::Failed(Arc::new(error)),
+                }
+            })
+            .await
     }
 
     /// One claim in a new transaction, by the task holding this process' mark for the key.
