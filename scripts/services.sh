@@ -83,6 +83,7 @@ ensure_nats() {
       -l /var/log/nats-server.log </dev/null >/dev/null 2>&1 &
     wait_for NATS port_open 4222
   fi
+}
 
 # A 3-master / 3-replica Redis Cluster on 127.0.0.1:7000-7005 (cluster bus 17000-17005), data
 # in a temp dir, for the RedisStore cluster tests. Idempotent: a cluster that reports

@@ -182,16 +182,16 @@ async fn killed_everywhere(shared: Shared, broker: TestBroker) {
         let current = current.clone();
         clients.spawn(async move {
             // Spread over the kills.
-            tokio::time::sleep(Duration::from_millis(60 * i as u64)).await;
+            tokio::time::sleep(Duration::from_millis(150 * i as u64)).await;
             pay_twice(current, format!("key-{}", unique()), i % 2 == 0).await
         });
     }
     let mut created = HashSet::new();
     let (mut payments_kills, mut other_kills) = (0, 0);
     while !clients.is_empty() {
-        tokio::time::sleep(Duration::from_millis(rand::random_range(150..600))).await;
-        // The payments process is one victim among the fleet's.
-        if rand::random_range(0..=fleet.workers.len()) == fleet.workers.len() {
+        tokio::time::sleep(Duration::from_millis(rand::random_range(200..700))).await;
+        // Every other kill is the payments process, whatever it is doing at that moment.
+        if payments_kills <= other_kills {
             server.take().expect("running").kill_9().await;
             let restarted = launch.clone().start().await;
             publish.send_replace(restarted.http());
@@ -206,7 +206,13 @@ async fn killed_everywhere(shared: Shared, broker: TestBroker) {
         }
     }
     assert_eq!(created.len(), KEYS, "one payment per key");
-    eprintln!("SIGKILLs: {payments_kills} payments, {other_kills} relay or consumer");
+    eprintln!(
+        "SIGKILLs during the requests: {payments_kills} payments, {other_kills} relay or consumer"
+    );
+    assert!(
+        payments_kills >= 2,
+        "the payments process was killed {payments_kills} times"
+    );
     // A few more kills after the last payment, into the relays' and consumers' work.
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(rand::random_range(50..300))).await;
