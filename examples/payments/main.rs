@@ -150,7 +150,8 @@ async fn run() -> Result<(), backends::Error> {
             "shut down with handlers still running"
         );
     }
-    // After the last handler: its event, committed, goes out with the relay's last batch.
+    // Stopped after the handlers, so it can still take their events; a row committed after
+    // its last batch stays unsent for the next relay (or this service's next start).
     if let Some(relay) = relay {
         relay.stop().await;
     }
