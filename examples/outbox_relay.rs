@@ -21,7 +21,7 @@ use std::{process::ExitCode, time::Duration};
 use async_trait::async_trait;
 use pipeline::{Broker, Database};
 use tower_idempotency::{
-    broker::{amqp::AmqpPublisher, nats::NatsPublisher, BrokerError, OutgoingMessage, Publisher},
+    broker::{BrokerError, OutgoingMessage, Publisher},
     outbox::{MySqlOutbox, OutboxSource, PgOutbox, Relay, RelayConfig, SqliteOutbox},
 };
 
@@ -51,10 +51,7 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::from_env()?;
-    let config = RelayConfig {
-        poll_interval: Duration::from_millis(pipeline::number("OUTBOX_POLL_MS", 1000)?),
-        ..RelayConfig::default()
-    };
+    let config = pipeline::relay_config()?;
     let delay = Duration::from_millis(pipeline::number("OUTBOX_CONFIRM_DELAY_MS", 0)?);
     match Database::from_env()? {
         Database::Postgres(url) => {
@@ -81,24 +78,8 @@ async fn relay<S: OutboxSource>(
     config: RelayConfig,
     delay: Duration,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let publisher: Box<dyn Publisher> = match broker {
-        Broker::Amqp { url, topology } => {
-            let publisher = AmqpPublisher::connect(&url, &topology).await?;
-            tracing::info!(exchange = %topology.exchange, "outbox_relay: relaying to RabbitMQ");
-            Box::new(publisher)
-        }
-        Broker::Nats {
-            url,
-            topology,
-            subject,
-        } => {
-            let publisher = NatsPublisher::connect(&url, &topology)
-                .await?
-                .route(move |_| subject.clone());
-            tracing::info!(stream = %topology.stream, "outbox_relay: relaying to NATS JetStream");
-            Box::new(publisher)
-        }
-    };
+    let (publisher, destination) = broker.publisher().await?;
+    tracing::info!("outbox_relay: relaying to {destination}");
     Relay::new(outbox, SlowToMark { publisher, delay })
         .config(config)
         .run_until(pipeline::shutdown_signal())

@@ -43,6 +43,8 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The two stores the service runs on, migrated and ready.
 pub struct Backends {
     pub payments: Arc<dyn Payments>,
+    /// The payments database, if any (the outbox relay drains its outbox).
+    pub database: Option<SqlPayments>,
     pub idempotency: Arc<dyn Store>,
     /// The idempotency layer for the configured mode and timings.
     pub layer: IdempotencyLayer,
@@ -53,11 +55,14 @@ pub struct Backends {
 pub async fn connect(config: &Config) -> Result<Backends, Error> {
     let database = match &config.database_url {
         Some(url) => {
-            let database = open_database(url).await?;
+            let mut database = open_database(url).await?;
+            if config.events {
+                database = database.with_events();
+            }
             database
                 .migrate()
                 .await
-                .map_err(|e| format!("creating the payments tables failed: {e}"))?;
+                .map_err(|e| format!("creating the payments and outbox tables failed: {e}"))?;
             Some(database)
         }
         None => None,
@@ -108,15 +113,13 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
         Mode::Separate => "separate",
     };
 
-    let (payments, payments_name): (Arc<dyn Payments>, &str) = match database {
-        Some(database) => {
-            let name = database.database();
-            (Arc::new(database), name)
-        }
+    let (payments, payments_name): (Arc<dyn Payments>, &str) = match &database {
+        Some(database) => (Arc::new(database.clone()), database.database()),
         None => (Arc::new(MemoryPayments::default()), "memory"),
     };
     Ok(Backends {
         payments,
+        database,
         idempotency,
         layer,
         description: format!(
@@ -138,6 +141,7 @@ async fn open_database(url: &str) -> Result<SqlPayments, Error> {
                 .connect(url)
                 .await
                 .map_err(failed)?,
+            None,
         ),
         "mysql" | "mariadb" => SqlPayments::MySql(
             MySqlPoolOptions::new()
@@ -145,6 +149,7 @@ async fn open_database(url: &str) -> Result<SqlPayments, Error> {
                 .connect(url)
                 .await
                 .map_err(failed)?,
+            None,
         ),
         "sqlite" => {
             // Several processes may share the file. The store's settings (WAL, so readers
@@ -156,6 +161,7 @@ async fn open_database(url: &str) -> Result<SqlPayments, Error> {
                 connect_sqlite(options, acquire_timeout)
                     .await
                     .map_err(failed)?,
+                None,
             )
         }
         _ => {
@@ -198,17 +204,17 @@ async fn connect_sqlite(
 async fn sql_store(database: &SqlPayments) -> Result<Arc<dyn Store>, Error> {
     // Each `migrate` is idempotent and safe when several processes start at once.
     let store: Arc<dyn Store> = match database {
-        SqlPayments::Postgres(pool) => {
+        SqlPayments::Postgres(pool, _) => {
             let store = PostgresStore::new(pool.clone());
             store.migrate().await?;
             Arc::new(store)
         }
-        SqlPayments::MySql(pool) => {
+        SqlPayments::MySql(pool, _) => {
             let store = MySqlStore::new(pool.clone());
             store.migrate().await?;
             Arc::new(store)
         }
-        SqlPayments::Sqlite(pool) => {
+        SqlPayments::Sqlite(pool, _) => {
             let store = SqliteStore::new(pool.clone());
             store.migrate().await?;
             Arc::new(store)
@@ -232,17 +238,17 @@ async fn transactional(
         (shared, layer)
     }
     Ok(match database {
-        SqlPayments::Postgres(pool) => {
+        SqlPayments::Postgres(pool, _) => {
             let store = PostgresStore::new(pool.clone());
             store.migrate().await?;
             layer(store.clone(), engine(Arc::new(store))?)
         }
-        SqlPayments::MySql(pool) => {
+        SqlPayments::MySql(pool, _) => {
             let store = MySqlStore::new(pool.clone());
             store.migrate().await?;
             layer(store.clone(), engine(Arc::new(store))?)
         }
-        SqlPayments::Sqlite(pool) => {
+        SqlPayments::Sqlite(pool, _) => {
             let store = SqliteStore::new(pool.clone());
             store.migrate().await?;
             layer(store.clone(), engine(Arc::new(store))?)

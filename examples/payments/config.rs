@@ -18,6 +18,11 @@ pub struct Config {
     pub delay_after_charge: Duration,
     pub fail_first: u64,
     pub mode: Mode,
+    /// `AMQP_URL` or `NATS_URL` is set: every charge writes a `payment.created` event to the
+    /// outbox (the broker itself is read by `pipeline::Broker`).
+    pub events: bool,
+    /// `OUTBOX_RELAY` (default `1`): relay the outbox in this process.
+    pub outbox_relay: bool,
 }
 
 /// `IDEMPOTENCY_MODE`: how the claim, the charge and the stored response commit.
@@ -33,6 +38,15 @@ impl Config {
     pub fn from_env() -> Result<Self, String> {
         let database_url = var("DATABASE_URL");
         let redis = Redis::from_env()?;
+        let events = var("AMQP_URL").is_some() || var("NATS_URL").is_some();
+        if events && database_url.is_none() {
+            return Err("AMQP_URL / NATS_URL need a SQL DATABASE_URL (postgres://, mysql:// or sqlite://): the payment.created events are written to its outbox table in the charge's transaction".to_owned());
+        }
+        let outbox_relay = match var("OUTBOX_RELAY").as_deref() {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(other) => return Err(format!("OUTBOX_RELAY must be 0 or 1, got {other:?}")),
+        };
         let mode = match var("IDEMPOTENCY_MODE").as_deref() {
             None if database_url.is_some() && redis.is_none() => Mode::Transactional,
             None | Some("separate") => Mode::Separate,
@@ -51,6 +65,8 @@ impl Config {
         };
         Ok(Self {
             mode,
+            events,
+            outbox_relay,
             bind: var("BIND").unwrap_or_else(|| "127.0.0.1:3000".to_owned()),
             database_url,
             redis,

@@ -10,11 +10,24 @@
 //!
 //! The contract (routes, environment, statuses) is in `shared/payments-example.md`; the
 //! environment variables are read in `config.rs`.
+//!
+//! With `AMQP_URL` or `NATS_URL` (and a SQL `DATABASE_URL`), every new payment also writes a
+//! `payment.created` event to the outbox in the charge's transaction, and the process relays
+//! the outbox to the broker (unless `OUTBOX_RELAY=0`), for `cargo run --example receipts`:
+//! see `events.rs` and `shared/pipeline-example.md`.
+//!
+//! ```text
+//! DATABASE_URL=postgres://root@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run --example payments
+//! ```
 
 mod backends;
 mod config;
+mod events;
 mod handlers;
 mod payments;
+#[path = "../pipeline/mod.rs"]
+mod pipeline;
 mod problem;
 mod sql_payments;
 
@@ -59,6 +72,7 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), backends::Error> {
     let config = Config::from_env()?;
+    let broker = pipeline::Broker::configured()?;
 
     let backends = backends::connect(&config).await?;
     // Expired records are harmless (they count as absent) but take space: delete them once
@@ -97,9 +111,23 @@ async fn run() -> Result<(), backends::Error> {
         .route("/stats", get(handlers::stats))
         .with_state(app);
 
+    // The events are written whenever a broker is configured; this relay is optional (another
+    // process may relay them: `outbox_relay`).
+    let (relay, events) = match (broker, &backends.database) {
+        (Some(broker), Some(database)) if config.outbox_relay => {
+            let (relay, destination) = events::RunningRelay::start(database, broker).await?;
+            (
+                Some(relay),
+                format!(", events: outbox relayed to {destination}"),
+            )
+        }
+        (Some(_), _) => (None, ", events: outbox, relayed elsewhere".to_owned()),
+        (None, _) => (None, String::new()),
+    };
+
     let listener = tokio::net::TcpListener::bind(&config.bind).await?;
     tracing::info!(
-        "payments listening on http://{} ({}{})",
+        "payments listening on http://{} ({}{events}{})",
         listener.local_addr()?,
         backends.description,
         if config.idempotency_disabled {
@@ -121,6 +149,11 @@ async fn run() -> Result<(), backends::Error> {
             in_flight = engine.in_flight(),
             "shut down with handlers still running"
         );
+    }
+    // Stopped after the handlers, so it can still take their events; a row committed after
+    // its last batch stays unsent for the next relay (or this service's next start).
+    if let Some(relay) = relay {
+        relay.stop().await;
     }
     purger.abort();
     Ok(())

@@ -1,5 +1,6 @@
-//! What the `receipts` consumer and the `outbox_relay` share: the environment, the broker
-//! topology of `shared/pipeline-example.md`, and the shutdown signal.
+//! What the `receipts` consumer, the `outbox_relay` and the `payments` service (which
+//! `#[path]`-includes this file) share: the environment, the broker topology of
+//! `shared/pipeline-example.md`, the relay's publisher and the shutdown signal.
 //!
 //! `PIPELINE_NAMESPACE` (default empty; letters, digits, `_` and `-`) is appended to every
 //! broker name — exchange `payments<ns>`, queue `receipts<ns>`, stream `PAYMENTS<ns>` on
@@ -8,7 +9,14 @@
 
 use std::{str::FromStr, time::Duration};
 
-use tower_idempotency::broker::{amqp::AmqpTopology, nats::NatsTopology};
+use tower_idempotency::{
+    broker::{
+        amqp::{AmqpPublisher, AmqpTopology},
+        nats::{NatsPublisher, NatsTopology},
+        BrokerError, Publisher,
+    },
+    outbox::RelayConfig,
+};
 
 /// The routing key of the event (RabbitMQ) and the outbox topic.
 pub const TOPIC: &str = "payment.created";
@@ -30,6 +38,14 @@ impl Broker {
     /// From `AMQP_URL` or `NATS_URL` (exactly one), `PIPELINE_NAMESPACE` and
     /// `RECEIPTS_ACK_WAIT_MS` (default 30000).
     pub fn from_env() -> Result<Self, String> {
+        Self::configured()?.ok_or_else(|| {
+            "set AMQP_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) or NATS_URL (e.g. nats://127.0.0.1:4222)"
+                .to_owned()
+        })
+    }
+
+    /// Like [`from_env`](Self::from_env), but `None` when neither URL is set.
+    pub fn configured() -> Result<Option<Self>, String> {
         let ns = var("PIPELINE_NAMESPACE").unwrap_or_default();
         if !ns
             .bytes()
@@ -40,10 +56,14 @@ impl Broker {
             ));
         }
         match (var("AMQP_URL"), var("NATS_URL")) {
-            (Some(url), None) => Ok(Broker::Amqp {
+            (Some(url), None) => Ok(Some(Broker::Amqp {
                 url,
-                topology: AmqpTopology::new(format!("payments{ns}"), format!("receipts{ns}"), TOPIC),
-            }),
+                topology: AmqpTopology::new(
+                    format!("payments{ns}"),
+                    format!("receipts{ns}"),
+                    TOPIC,
+                ),
+            })),
             (None, Some(url)) => {
                 let mut topology = NatsTopology::new(
                     format!("PAYMENTS{ns}"),
@@ -51,19 +71,47 @@ impl Broker {
                     format!("receipts{ns}"),
                 );
                 topology.ack_wait = Duration::from_millis(number("RECEIPTS_ACK_WAIT_MS", 30_000)?);
-                Ok(Broker::Nats {
+                Ok(Some(Broker::Nats {
                     url,
                     topology,
                     subject: format!("payments{ns}.created"),
-                })
+                }))
             }
             (Some(_), Some(_)) => Err("set only one of AMQP_URL and NATS_URL".to_owned()),
-            (None, None) => Err(
-                "set AMQP_URL (e.g. amqp://guest:guest@127.0.0.1:5672/%2f) or NATS_URL (e.g. nats://127.0.0.1:4222)"
-                    .to_owned(),
-            ),
+            (None, None) => Ok(None),
         }
     }
+
+    /// Connects a relay's publisher (declaring the topology) and says where it publishes,
+    /// for the startup log: `RabbitMQ exchange payments` or `NATS JetStream stream PAYMENTS`.
+    pub async fn publisher(self) -> Result<(Box<dyn Publisher>, String), BrokerError> {
+        Ok(match self {
+            Broker::Amqp { url, topology } => (
+                Box::new(AmqpPublisher::connect(&url, &topology).await?),
+                format!("RabbitMQ exchange {}", topology.exchange),
+            ),
+            Broker::Nats {
+                url,
+                topology,
+                subject,
+            } => (
+                Box::new(
+                    NatsPublisher::connect(&url, &topology)
+                        .await?
+                        .route(move |_| subject.clone()),
+                ),
+                format!("NATS JetStream stream {}", topology.stream),
+            ),
+        })
+    }
+}
+
+/// The relay's settings: `OUTBOX_POLL_MS` (polling fallback, default 1000).
+pub fn relay_config() -> Result<RelayConfig, String> {
+    Ok(RelayConfig {
+        poll_interval: Duration::from_millis(number("OUTBOX_POLL_MS", 1000)?),
+        ..RelayConfig::default()
+    })
 }
 
 /// The database `DATABASE_URL` names.

@@ -4,7 +4,12 @@
 //! through the library, and a receipts handler like the example's.
 #![allow(dead_code)]
 
-use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    future::Future,
+    sync::Arc,
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use sqlx::{MySqlPool, PgConnection, PgPool, Postgres};
@@ -18,9 +23,12 @@ use tower_idempotency::{
     outbox::{MySqlOutbox, NewEvent, OutboxSource, PgOutbox},
 };
 
+use tokio::time::Instant;
+
 use crate::process::{
     shared::{require_all, url_or_skip, Shared},
     unique,
+    worker::Worker,
 };
 
 pub const TOPIC: &str = "payment.created";
@@ -309,21 +317,31 @@ impl Db {
     }
 
     pub async fn unsent(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM tower_outbox WHERE sent_at IS NULL")
-            .fetch_one(&self.pool)
-            .await
-            .expect("count unsent")
+        pg_unsent(&self.pool).await
     }
 
     /// `payment_id -> number of receipts`.
     pub async fn receipts(&self) -> HashMap<String, i64> {
-        sqlx::query_as("SELECT payment_id, count(*) FROM receipts GROUP BY payment_id")
-            .fetch_all(&self.pool)
-            .await
-            .expect("count receipts")
-            .into_iter()
-            .collect()
+        pg_receipts(&self.pool).await
     }
+}
+
+/// Outbox rows not sent yet, in the schema of `pool`.
+pub async fn pg_unsent(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM tower_outbox WHERE sent_at IS NULL")
+        .fetch_one(pool)
+        .await
+        .expect("count unsent")
+}
+
+/// `payment_id -> number of receipts`, in the schema of `pool`.
+pub async fn pg_receipts(pool: &PgPool) -> HashMap<String, i64> {
+    sqlx::query_as("SELECT payment_id, count(*) FROM receipts GROUP BY payment_id")
+        .fetch_all(pool)
+        .await
+        .expect("count receipts")
+        .into_iter()
+        .collect()
 }
 
 /// The example's handler: one receipt row per message, then an optional sleep before the
@@ -448,6 +466,19 @@ where
     F: FnOnce(Db, TestBroker) -> Fut,
     Fut: Future<Output = ()>,
 {
+    with_empty_schema(broker, |shared, broker| async {
+        test(Db::new(shared).await, broker).await;
+    })
+    .await;
+}
+
+/// Like [`with_broker`], on an empty schema (for the `payments` example, which creates
+/// its own tables).
+pub async fn with_empty_schema<F, Fut>(broker: TestBroker, test: F)
+where
+    F: FnOnce(Shared, TestBroker) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let Some(shared) = Shared::postgres().await else {
         return;
     };
@@ -455,7 +486,7 @@ where
     shared
         .run(|shared| async {
             eprintln!("broker: {}", broker.name());
-            test(Db::new(shared).await, broker).await;
+            test(shared, broker).await;
         })
         .await;
     cleanup.clean_up().await;
@@ -480,21 +511,30 @@ where
 pub trait PipelineDb: Send + Sync + 'static {
     /// The examples' `DATABASE_URL`.
     fn url(&self) -> &str;
-    /// Commits (or rolls back) a payment with its outbox event; returns the payment id.
-    async fn pay(&self, commit: bool) -> String;
     /// `payment_id -> number of receipts`.
     async fn receipts(&self) -> HashMap<String, i64>;
     /// Outbox rows not sent yet.
     async fn unsent(&self) -> i64;
 }
 
+/// A database the test itself commits payments to, standing in for the payments service.
+#[async_trait]
+pub trait Producer: PipelineDb {
+    /// Commits (or rolls back) a payment with its outbox event; returns the payment id.
+    async fn pay(&self, commit: bool) -> String;
+}
+
+#[async_trait]
+impl Producer for Db {
+    async fn pay(&self, commit: bool) -> String {
+        Db::pay(self, commit).await.0
+    }
+}
+
 #[async_trait]
 impl PipelineDb for Db {
     fn url(&self) -> &str {
         &self.url
-    }
-    async fn pay(&self, commit: bool) -> String {
-        Db::pay(self, commit).await.0
     }
     async fn receipts(&self) -> HashMap<String, i64> {
         Db::receipts(self).await
@@ -527,10 +567,7 @@ impl MyDb {
 }
 
 #[async_trait]
-impl PipelineDb for MyDb {
-    fn url(&self) -> &str {
-        &self.url
-    }
+impl Producer for MyDb {
     async fn pay(&self, commit: bool) -> String {
         let (payment_id, event) = payment_event();
         let mut tx = self.pool.begin().await.expect("begin");
@@ -546,6 +583,13 @@ impl PipelineDb for MyDb {
             tx.rollback().await.expect("rollback");
         }
         payment_id
+    }
+}
+
+#[async_trait]
+impl PipelineDb for MyDb {
+    fn url(&self) -> &str {
+        &self.url
     }
     async fn receipts(&self) -> HashMap<String, i64> {
         // The receipts consumer creates the table when it starts.
@@ -627,4 +671,96 @@ pub async fn race_relays<S: OutboxSource + Clone>(
         });
     }
     tasks.join_all().await
+}
+
+/// The `outbox_relay` and `receipts` processes of a process test, each restartable.
+pub struct Fleet {
+    pub env: Vec<(String, String)>,
+    pub workers: Vec<(&'static str, Worker)>,
+}
+
+impl Fleet {
+    /// Starts `names` (`outbox_relay` or `receipts`) with `env`, each once it is ready.
+    pub async fn start_all(names: &[&'static str], env: &[(String, String)]) -> Self {
+        let mut fleet = Self {
+            env: env.to_vec(),
+            workers: Vec::new(),
+        };
+        for &name in names {
+            let worker = Self::start(name, env).await;
+            fleet.workers.push((name, worker));
+        }
+        fleet
+    }
+
+    async fn start(name: &'static str, env: &[(String, String)]) -> Worker {
+        let ready = if name == "receipts" {
+            "receipts: consuming"
+        } else {
+            "outbox_relay: relaying"
+        };
+        Worker::start(name, env, ready).await
+    }
+
+    /// SIGKILLs a random process and starts it again.
+    pub async fn kill_one(&mut self) {
+        let victim = rand::random_range(0..self.workers.len());
+        let (name, worker) = self.workers.swap_remove(victim);
+        worker.kill_9().await;
+        let restarted = Self::start(name, &self.env).await;
+        self.workers.push((name, restarted));
+    }
+
+    /// SIGTERMs every process; each must exit successfully.
+    pub async fn terminate(self) {
+        for (name, worker) in self.workers {
+            let logs = worker.logs.clone();
+            assert!(
+                worker.terminate().await,
+                "{name} did not stop cleanly:\n{}",
+                logs.lines().join("\n")
+            );
+        }
+    }
+}
+
+/// Waits (at most `limit`) until `committed` payments have a receipt each and the outbox is
+/// empty, then a little longer for any late duplicate to show up; then asserts exactly one
+/// receipt per committed payment, none for another, and no unsent outbox row.
+pub async fn assert_one_receipt_each(
+    db: &impl PipelineDb,
+    committed: &HashSet<String>,
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let receipts = db.receipts().await;
+        if receipts.len() >= committed.len() && db.unsent().await == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not quiet after {limit:?}: {} of {} receipts, {} unsent rows",
+            receipts.len(),
+            committed.len(),
+            db.unsent().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let receipts = db.receipts().await;
+    let count: i64 = receipts.values().sum();
+    let expected = committed.len() as i64;
+    assert_eq!(
+        (count, receipts.len() as i64),
+        (expected, expected),
+        "receipts and distinct payments with one: {receipts:?}"
+    );
+    assert_eq!(
+        &receipts.keys().cloned().collect::<HashSet<_>>(),
+        committed,
+        "every committed payment has a receipt and every receipt a committed payment"
+    );
+    assert_eq!(db.unsent().await, 0, "unsent outbox rows");
 }
