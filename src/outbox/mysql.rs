@@ -117,7 +117,14 @@ impl OutboxSource for MySqlOutbox {
         publisher: &dyn Publisher,
         limit: u32,
     ) -> Result<usize, OutboxError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        // READ COMMITTED for this one transaction: under InnoDB's default REPEATABLE READ the
+        // locking read also locks the gaps of the (sent_at, seq) index, which blocks the
+        // producers' inserts of new unsent rows and deadlocks with them (1213).
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *conn)
+            .await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         let rows = sqlx::query(&self.sql.take)
             .bind(limit.max(1))
             .fetch_all(&mut *tx)
