@@ -100,7 +100,11 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
                 )
             }
             (None, None, _) => {
-                let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+                let mut builder = MemoryStore::builder();
+                if let Some(bytes) = config.memory_budget {
+                    builder = builder.max_bytes(bytes);
+                }
+                let store: Arc<dyn Store> = Arc::new(builder.build());
                 (
                     store.clone(),
                     "memory",

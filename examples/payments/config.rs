@@ -14,6 +14,8 @@ pub struct Config {
     pub lease: Duration,
     pub retention: Duration,
     pub idempotency_disabled: bool,
+    /// `IDEMPOTENCY_MEMORY_MB`: the memory store's byte budget (unset: the store's default).
+    pub memory_budget: Option<u64>,
     pub handler_delay: Duration,
     pub delay_after_charge: Duration,
     pub fail_first: u64,
@@ -77,6 +79,10 @@ impl Config {
             lease: Duration::from_millis(number("IDEMPOTENCY_LEASE_MS", 30_000)?),
             retention: Duration::from_secs(number("IDEMPOTENCY_TTL_SECS", 86_400)?),
             idempotency_disabled: var("IDEMPOTENCY_DISABLED").as_deref() == Some("1"),
+            memory_budget: match var("IDEMPOTENCY_MEMORY_MB") {
+                None => None,
+                Some(_) => Some(number::<u64>("IDEMPOTENCY_MEMORY_MB", 0)?.saturating_mul(1 << 20)),
+            },
             handler_delay: Duration::from_millis(number("PAYMENTS_HANDLER_DELAY_MS", 0)?),
             delay_after_charge: Duration::from_millis(number("PAYMENTS_DELAY_AFTER_CHARGE_MS", 0)?),
             fail_first: number("PAYMENTS_FAIL_FIRST", 0)?,
