@@ -5,9 +5,7 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use sqlx::{SqliteConnection, SqlitePool};
 
-use super::{
-    count, decode_batch, with_placeholders, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE,
-};
+use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
 use crate::store::{sqlite::NOW_MS, TableName};
 
@@ -123,16 +121,7 @@ impl OutboxSource for SqliteOutbox {
         if rows.is_empty() {
             return Ok(0);
         }
-        let (seqs, messages) = decode_batch(rows)?;
-        publisher.publish_confirmed(&messages).await?;
-        let mark = with_placeholders(&self.sql.mark, seqs.len());
-        let mut query = sqlx::query(&mark);
-        for seq in &seqs {
-            query = query.bind(seq);
-        }
-        query.execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(messages.len())
+        publish_and_mark!(tx, rows, &self.sql.mark, publisher)
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
