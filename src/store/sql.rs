@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::StoreError;
-use crate::record::{Fingerprint, Record, Token};
+use crate::record::{Fingerprint, Record};
 
 /// Wraps a sqlx error as a typed backend error, keeping it as the source.
 pub(crate) fn backend(backend: &'static str, error: sqlx::Error) -> StoreError {
@@ -24,9 +24,13 @@ pub(crate) fn fenced(rows_affected: u64) -> Result<(), StoreError> {
 }
 
 /// Reads a 16-byte token column.
-pub(crate) fn decode_token(backend: &'static str, bytes: &[u8]) -> Result<Token, StoreError> {
+#[cfg(feature = "mysql")]
+pub(crate) fn decode_token(
+    backend: &'static str,
+    bytes: &[u8],
+) -> Result<crate::record::Token, StoreError> {
     <[u8; 16]>::try_from(bytes)
-        .map(Token::from_bytes)
+        .map(crate::record::Token::from_bytes)
         .map_err(|_| {
             corrupt(
                 backend,

@@ -92,12 +92,3 @@ pub trait TransactionalStore: Store + Clone {
     /// The transactional operations on this store's pool and table.
     fn dialect(&self) -> Arc<dyn TxDialect<Self::Database>>;
 }
-
-/// Two 32-bit halves of the key's digest: the name of a per-key advisory lock.
-pub(crate) fn lock_id(key: &StoreKey) -> (i32, i32) {
-    let digest = key.digest();
-    let half = |at: usize| {
-        i32::from_be_bytes([digest[at], digest[at + 1], digest[at + 2], digest[at + 3]])
-    };
-    (half(0), half(4))
-}

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
-use super::dialect::{lock_id, Probe, TransactionalStore, TxClaim, TxDialect};
+use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
 use crate::{
     record::{Fingerprint, StoreKey, Token},
     store::{sql, PostgresStore, StoreError},
@@ -85,6 +85,15 @@ impl TransactionalStore for PostgresStore {
             probe,
         })
     }
+}
+
+/// Two 32-bit halves of the key's digest: the name of a per-key advisory lock.
+fn lock_id(key: &StoreKey) -> (i32, i32) {
+    let digest = key.digest();
+    let half = |at: usize| {
+        i32::from_be_bytes([digest[at], digest[at + 1], digest[at + 2], digest[at + 3]])
+    };
+    (half(0), half(4))
 }
 
 fn backend(error: sqlx::Error) -> StoreError {
