@@ -16,6 +16,8 @@ pub mod inbox;
 pub mod outbox;
 pub mod problem;
 pub mod record;
+#[cfg(feature = "sqlx")]
+pub mod sql;
 pub mod store;
 #[cfg(feature = "sqlx")]
 pub mod transactional;

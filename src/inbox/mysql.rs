@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use sqlx::{mysql::MySqlDatabaseError, MySql, MySqlConnection, MySqlPool};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::store::TableName;
+use crate::sql::TableName;
 
 /// InnoDB's "Lock wait timeout exceeded".
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::store::{sql, TableName};
+use crate::sql::{self, TableName};
 
 /// SQLSTATE `lock_not_available`: the lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";

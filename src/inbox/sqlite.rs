@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::store::{sqlite::NOW_MS, TableName};
+use crate::{sql::TableName, store::sqlite::NOW_MS};
 
 /// SQLITE_BUSY and its extended codes (RECOVERY, SNAPSHOT, TIMEOUT).
 const BUSY: [&str; 4] = ["5", "261", "517", "773"];

@@ -35,7 +35,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::Notify;
 
 use crate::broker::{BrokerError, OutgoingMessage, Publisher};
-use crate::store::InvalidTableName;
+use crate::sql::InvalidTableName;
 
 /// The rest of a relay batch once `$rows` are taken in `$tx`, for the dialects that bind the
 /// marked rows one placeholder each (MySQL, SQLite): publish and wait for the broker, mark the

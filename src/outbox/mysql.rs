@@ -7,7 +7,7 @@ use sqlx::{MySqlConnection, MySqlPool};
 
 use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::store::TableName;
+use crate::sql::TableName;
 
 /// The outbox table on MySQL or MariaDB. Clones share the pool. Relays poll (MySQL has no
 /// `LISTEN`); set [`RelayConfig::poll_interval`](super::RelayConfig::poll_interval) to the

@@ -8,7 +8,7 @@ use tokio::sync::Notify;
 
 use super::{count, decode_batch, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::store::{sql, TableName};
+use crate::sql::{self, TableName};
 
 /// The outbox table on PostgreSQL. Clones share the pool.
 ///

@@ -7,7 +7,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::store::{sqlite::NOW_MS, TableName};
+use crate::{sql::TableName, store::sqlite::NOW_MS};
 
 /// The outbox table on SQLite. Clones share the pool.
 ///

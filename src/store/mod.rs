@@ -44,12 +44,8 @@ mod postgres;
 mod purger;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(feature = "sqlx")]
-pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
-#[cfg(feature = "sqlx")]
-mod table_name;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder, ReplicaWaitTimedOut};
@@ -63,8 +59,6 @@ pub use postgres::{PostgresStore, PostgresStoreBuilder};
 pub use purger::spawn_purger;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
-#[cfg(feature = "sqlx")]
-pub use table_name::{InvalidTableName, TableName};
 
 /// Storage for idempotency records. See the [module docs](self) for the contract every
 /// implementation must keep.

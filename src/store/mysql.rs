@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
-use super::{sql, InvalidTableName, Store, StoreError, TableName};
+use super::{Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
+use crate::sql::{self, InvalidTableName, TableName};
 
 const BACKEND: &str = "mysql";
 const DEFAULT_TABLE: &str = "tower_idempotency_records";

@@ -55,8 +55,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{PgPool, Row};
 
-use super::{sql, InvalidTableName, Store, StoreError, TableName};
+use super::{Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
+use crate::sql::{self, InvalidTableName, TableName};
 
 const BACKEND: &str = "postgres";
 

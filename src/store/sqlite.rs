@@ -11,8 +11,9 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
 };
 
-use super::{sql, InvalidTableName, Store, StoreError, TableName};
+use super::{Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
+use crate::sql::{self, InvalidTableName, TableName};
 
 const BACKEND: &str = "sqlite";
 const DEFAULT_TABLE: &str = "tower_idempotency_records";

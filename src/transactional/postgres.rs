@@ -20,7 +20,8 @@ use sqlx::{PgConnection, Postgres, Row, Transaction};
 use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
 use crate::{
     record::{Fingerprint, StoreKey, Token},
-    store::{sql, PostgresStore, StoreError},
+    sql,
+    store::{PostgresStore, StoreError},
 };
 
 const BACKEND: &str = "postgres";

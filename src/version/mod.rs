@@ -41,51 +41,28 @@
 //! assert_eq!(rejection.into_http_response().headers()["etag"], "\"2\"");
 //! ```
 
-mod etag;
 mod expected;
 mod memory;
 mod number;
 mod outcome;
-mod precondition;
-mod rejection;
 mod retry;
-mod tag_list;
+
+mod conditional;
+#[cfg(feature = "sqlx")]
+mod sql;
 
 #[cfg(feature = "axum")]
-mod axum;
-#[cfg(feature = "sqlx")]
-mod backend;
-#[cfg(feature = "sqlx")]
-mod column;
-#[cfg(feature = "sqlx")]
-mod error;
-#[cfg(feature = "sqlx")]
-mod set;
-#[cfg(feature = "sqlx")]
-mod table;
-
-#[cfg(feature = "axum")]
-pub use self::axum::RequireIfMatch;
-pub use etag::{ETag, InvalidETag};
+pub use conditional::RequireIfMatch;
+pub use conditional::{
+    ETag, ETagList, InvalidETag, InvalidPrecondition, PreconditionRejection, Preconditions,
+    INVALID_PRECONDITION_TYPE, NOT_FOUND_TYPE, PRECONDITION_FAILED_TYPE,
+    PRECONDITION_REQUIRED_TYPE,
+};
 pub use expected::Expected;
 pub use memory::{MemoryVersioned, Versioned};
 pub use number::Version;
 pub use outcome::{ConflictReason, InsertOutcome, VersionedUpdate};
-pub use precondition::Preconditions;
-pub use rejection::{
-    PreconditionRejection, INVALID_PRECONDITION_TYPE, NOT_FOUND_TYPE, PRECONDITION_FAILED_TYPE,
-    PRECONDITION_REQUIRED_TYPE,
-};
 pub use retry::{retry_on_conflict, IsConflict, RetryPolicy};
-pub use tag_list::{ETagList, InvalidPrecondition};
 
 #[cfg(feature = "sqlx")]
-pub use backend::VersionedBackend;
-#[cfg(feature = "sqlx")]
-pub use column::ColumnName;
-#[cfg(feature = "sqlx")]
-pub use error::VersionError;
-#[cfg(feature = "sqlx")]
-pub use set::SetValues;
-#[cfg(feature = "sqlx")]
-pub use table::{commit_if_updated, VersionedTable};
+pub use sql::{commit_if_updated, SetValues, VersionError, VersionedBackend, VersionedTable};

@@ -3,13 +3,13 @@ use std::{
     hash::{Hash, Hasher},
 };
 
-use crate::store::{InvalidTableName, TableName};
+use super::{InvalidTableName, TableName};
 
 /// A validated SQL column name: the same rules as one part of a [`TableName`] (1–63 ASCII
 /// letters, digits and `_`, not starting with a digit), without a schema qualifier.
 ///
 /// ```
-/// use tower_idempotency::version::ColumnName;
+/// use tower_idempotency::sql::ColumnName;
 /// assert!(ColumnName::new("status").is_ok());
 /// assert!(ColumnName::new("status = 'paid' --").is_err());
 ///

@@ -6,7 +6,7 @@ use super::{
     backend::conflict_reason, ColumnName, ConflictReason, Expected, InsertOutcome, SetValues,
     Version, VersionError, VersionedBackend, VersionedUpdate,
 };
-use crate::store::TableName;
+use crate::sql::TableName;
 
 /// Decodes the caller's row type from a database row.
 type Decode<DB, R> = fn(&<DB as sqlx::Database>::Row) -> Result<R, sqlx::Error>;
@@ -475,7 +475,7 @@ impl VersionedTable {
 /// outcome. A serialization failure or deadlock reported by the COMMIT itself (PostgreSQL
 /// SERIALIZABLE checks at commit time) turns the outcome into a
 /// [`Conflict`](VersionedUpdate::Conflict), so that
-/// [`retry_on_conflict`](super::retry_on_conflict) runs the attempt again.
+/// [`retry_on_conflict`](crate::version::retry_on_conflict) runs the attempt again.
 pub async fn commit_if_updated<DB: VersionedBackend, R>(
     tx: Transaction<'_, DB>,
     outcome: VersionedUpdate<R>,

@@ -7,7 +7,7 @@ use std::fmt;
 /// goes through this type: user input is never pasted into SQL.
 ///
 /// ```
-/// use tower_idempotency::store::TableName;
+/// use tower_idempotency::sql::TableName;
 /// assert!(TableName::new("idempotency_records").is_ok());
 /// assert!(TableName::new("app.idempotency").is_ok());
 /// assert!(TableName::new("records; DROP TABLE users").is_err());

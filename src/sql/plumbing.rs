@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::StoreError;
 use crate::record::{Fingerprint, Record};
+use crate::store::StoreError;
 
 /// Wraps a sqlx error as a typed backend error, keeping it as the source.
 pub(crate) fn backend(backend: &'static str, error: sqlx::Error) -> StoreError {

@@ -136,7 +136,7 @@ impl Preconditions {
     /// - `If-None-Match` tags: excluding their versions (weak comparison).
     ///
     /// Map the update's outcome with
-    /// [`VersionedUpdate::into_http`](super::VersionedUpdate::into_http).
+    /// [`VersionedUpdate::into_http`](crate::version::VersionedUpdate::into_http).
     pub fn expected(&self) -> Expected {
         let mut expected = match &self.if_match {
             None | Some(ETagList::Any) => Expected::any(),

@@ -1,7 +1,7 @@
-use crate::{store::InvalidTableName, BoxError};
+use crate::{sql::InvalidTableName, BoxError};
 
 /// Why a versioned SQL operation failed. A lost race is not an error: it is
-/// [`VersionedUpdate::Conflict`](super::VersionedUpdate::Conflict).
+/// [`VersionedUpdate::Conflict`](crate::version::VersionedUpdate::Conflict).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum VersionError {

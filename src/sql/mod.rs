@@ -1,0 +1,10 @@
+//! SQL identifiers, and the sqlx plumbing every SQL part of the crate shares (stores, outbox,
+//! inbox, transactional mode, versioned tables).
+
+mod column;
+mod identifier;
+mod plumbing;
+
+pub use column::ColumnName;
+pub use identifier::{InvalidTableName, TableName};
+pub(crate) use plumbing::*;
