@@ -564,7 +564,6 @@ async fn redis() -> Option<Arc<dyn Store>> {
             "tower-idempotency-faults:{}:",
             Token::random().to_hex()
         ))
-        .expect("a valid prefix")
         .open(&url)
         .await
         .expect("TEST_REDIS_URL is set but unreachable");

@@ -65,8 +65,8 @@ async fn concurrent_migrate_creates_one_table() {
     for _ in 0..8 {
         let store = MySqlStore::builder(pool.clone())
             .table(table.clone())
-            .unwrap()
-            .build();
+            .build()
+            .unwrap();
         tasks.push(tokio::spawn(async move { store.migrate().await }));
     }
     for task in tasks {
@@ -74,8 +74,8 @@ async fn concurrent_migrate_creates_one_table() {
     }
     let store = MySqlStore::builder(pool.clone())
         .table(table.clone())
-        .unwrap()
-        .build();
+        .build()
+        .unwrap();
     store.migrate().await.unwrap();
     let key = StoreKey::new(conformance::fresh_scope(), "k");
     claimed(
@@ -97,6 +97,7 @@ async fn invalid_table_name_is_a_typed_error() {
         .unwrap();
     let err = MySqlStore::builder(pool)
         .table("records`; DROP TABLE users")
+        .build()
         .unwrap_err();
     assert_eq!(err.name, "records`; DROP TABLE users");
 }

@@ -39,11 +39,7 @@ fn test_prefix() -> &'static str {
 /// A store on a NEW connection manager, or `None` when `TEST_REDIS_URL` is unset.
 async fn open_store() -> Option<RedisStore> {
     let url = conformance::url_or_skip("TEST_REDIS_URL")?;
-    let opened = RedisStore::builder()
-        .prefix(test_prefix())
-        .expect("the test prefix is valid")
-        .open(&url)
-        .await;
+    let opened = RedisStore::builder().prefix(test_prefix()).open(&url).await;
     conformance::reachable("TEST_REDIS_URL", opened)
 }
 
@@ -101,10 +97,23 @@ async fn open_on_a_dead_address_is_a_typed_backend_error() {
 
 #[tokio::test]
 async fn invalid_prefix_is_a_typed_error() {
+    let Some(url) = conformance::url_or_skip("TEST_REDIS_URL") else {
+        return;
+    };
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let manager = ConnectionManager::new_with_config(client, RedisStore::connection_config())
+        .await
+        .unwrap();
     for bad in ["", "has space:", "tab\t", "newline\n", "bell\u{7}"] {
-        let err = RedisStore::builder().prefix(bad).unwrap_err();
+        let err = RedisStore::builder()
+            .prefix(bad)
+            .build(manager.clone())
+            .unwrap_err();
         assert_eq!(err.prefix, bad);
         assert!(!err.reason.is_empty());
+        // Opening refuses it before connecting, as a configuration error.
+        let opened = RedisStore::builder().prefix(bad).open(&url).await;
+        assert!(matches!(opened, Err(StoreError::Config(_))), "{opened:?}");
     }
 }
 
@@ -211,8 +220,8 @@ async fn killed_connection_is_a_backend_error_then_heals() {
         .unwrap();
     let store = RedisStore::builder()
         .prefix(test_prefix())
-        .unwrap()
-        .build(manager.clone());
+        .build(manager.clone())
+        .unwrap();
     let key = StoreKey::new(conformance::fresh_scope(), "k");
     let lease = Duration::from_secs(30);
     assert!(store.lookup(&key).await.unwrap().is_none());
@@ -296,12 +305,7 @@ fn free_port() -> u16 {
 async fn open_when_up(url: &str) -> RedisStore {
     let start = Instant::now();
     loop {
-        match RedisStore::builder()
-            .prefix(test_prefix())
-            .unwrap()
-            .open(url)
-            .await
-        {
+        match RedisStore::builder().prefix(test_prefix()).open(url).await {
             Ok(store) => return store,
             Err(_) if start.elapsed() < Duration::from_secs(5) => {
                 tokio::time::sleep(Duration::from_millis(50)).await
@@ -381,7 +385,6 @@ async fn unacknowledged_claim_is_withdrawn_with_a_typed_error() {
     );
     let store = RedisStore::builder()
         .prefix(test_prefix())
-        .unwrap()
         .wait_for_replicas(1, Duration::from_millis(50))
         .open(&url)
         .await

@@ -127,6 +127,7 @@ async fn invalid_table_name_is_a_typed_error() {
         .unwrap();
     let err = SqliteStore::builder(pool)
         .table("records; DROP TABLE users")
+        .build()
         .unwrap_err();
     assert_eq!(err.name, "records; DROP TABLE users");
 }
@@ -137,8 +138,8 @@ async fn custom_and_schema_qualified_tables_work() {
     for name in ["custom_records", "main.qualified_records"] {
         let store = SqliteStore::builder(pool.clone())
             .table(name)
-            .unwrap()
-            .build();
+            .build()
+            .unwrap();
         assert!(store.schema_sql().contains(name), "{}", store.schema_sql());
         store.migrate().await.unwrap();
         store.migrate().await.unwrap();

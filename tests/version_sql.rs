@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::Barrier;
 use tower_idempotency::version::{
     commit_if_updated, retry_on_conflict, ConflictReason, Expected, InsertOutcome, RetryPolicy,
-    Version, VersionError, VersionedTable, VersionedUpdate,
+    Version, VersionedTable, VersionedTableError, VersionedUpdate,
 };
 
 /// How many writers race for the same version.
@@ -245,11 +245,11 @@ macro_rules! suite {
                 ("a.b.c", "id", "version"),
             ] {
                 let error = VersionedTable::new(table, id, version).unwrap_err();
-                assert!(matches!(error, VersionError::InvalidIdentifier { .. }), "{error:?}");
+                assert!(matches!(error, VersionedTableError::InvalidIdentifier { .. }), "{error:?}");
             }
             assert!(matches!(
                 VersionedTable::new("payments", "id", "id"),
-                Err(VersionError::ReservedColumn { .. })
+                Err(VersionedTableError::ReservedColumn { .. })
             ));
             let Some(f) = setup("ident").await else { return };
             create_row(&f, 1, "new").await;
@@ -260,7 +260,7 @@ macro_rules! suite {
                 })
                 .await
                 .unwrap_err();
-            assert!(matches!(bad_column, VersionError::InvalidIdentifier { role: "value column", .. }));
+            assert!(matches!(bad_column, VersionedTableError::InvalidIdentifier { role: "value column", .. }));
             let version_column = f
                 .table
                 .update_if_version(&f.pool, 1i64, Version::INITIAL, |set| {
@@ -268,7 +268,7 @@ macro_rules! suite {
                 })
                 .await
                 .unwrap_err();
-            assert!(matches!(version_column, VersionError::ReservedColumn { .. }));
+            assert!(matches!(version_column, VersionedTableError::ReservedColumn { .. }));
             let twice = f
                 .table
                 .update_if_version(&f.pool, 1i64, Version::INITIAL, |set| {
@@ -276,13 +276,13 @@ macro_rules! suite {
                 })
                 .await
                 .unwrap_err();
-            assert!(matches!(twice, VersionError::DuplicateColumn { .. }));
+            assert!(matches!(twice, VersionedTableError::DuplicateColumn { .. }));
             let missing_table = VersionedTable::new(&format!("{}_missing", f.name), "id", "version").unwrap();
             let error = missing_table
                 .update_if_version(&f.pool, 1i64, Version::INITIAL, |_| {})
                 .await
                 .unwrap_err();
-            assert!(matches!(error, VersionError::Database { .. }), "{error:?}");
+            assert!(matches!(error, VersionedTableError::Database { .. }), "{error:?}");
             // Nothing was written by the refused statements.
             assert_eq!(read(&f, 1).await.unwrap().0, Version::INITIAL);
             f.drop_table().await;
@@ -294,7 +294,7 @@ macro_rules! suite {
         async fn reserved_and_duplicate_columns_are_refused_in_any_case() {
             assert!(matches!(
                 VersionedTable::new("payments", "id", "ID"),
-                Err(VersionError::ReservedColumn { .. })
+                Err(VersionedTableError::ReservedColumn { .. })
             ));
             let Some(f) = setup("case").await else { return };
             create_row(&f, 1, "new").await;
@@ -306,7 +306,7 @@ macro_rules! suite {
                     })
                     .await
                     .unwrap_err();
-                assert!(matches!(error, VersionError::ReservedColumn { .. }), "{column}: {error:?}");
+                assert!(matches!(error, VersionedTableError::ReservedColumn { .. }), "{column}: {error:?}");
                 let error = f
                     .table
                     .insert_new(&f.pool, 2i64, |set| {
@@ -314,7 +314,7 @@ macro_rules! suite {
                     })
                     .await
                     .unwrap_err();
-                assert!(matches!(error, VersionError::ReservedColumn { .. }), "{column}: {error:?}");
+                assert!(matches!(error, VersionedTableError::ReservedColumn { .. }), "{column}: {error:?}");
             }
             let twice = f
                 .table
@@ -323,7 +323,7 @@ macro_rules! suite {
                 })
                 .await
                 .unwrap_err();
-            assert!(matches!(twice, VersionError::DuplicateColumn { .. }), "{twice:?}");
+            assert!(matches!(twice, VersionedTableError::DuplicateColumn { .. }), "{twice:?}");
             // None of the refused statements ran: the row is untouched, no row 2 exists.
             let (version, row) = read(&f, 1).await.unwrap();
             assert_eq!(version, Version::INITIAL);

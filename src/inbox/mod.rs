@@ -69,7 +69,7 @@ pub enum InboxError {
     Database(#[from] sqlx::Error),
     /// The table name is not a valid SQL identifier.
     #[error(transparent)]
-    Config(#[from] crate::sql::InvalidTableName),
+    Config(#[from] crate::sql::InvalidIdentifier),
 }
 
 /// An inbox table: `PgInbox`, `MySqlInbox`, `SqliteInbox`.

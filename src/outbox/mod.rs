@@ -35,7 +35,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::Notify;
 
 use crate::broker::{BrokerError, OutgoingMessage, Publisher};
-use crate::sql::InvalidTableName;
+use crate::sql::InvalidIdentifier;
 
 /// The rest of a relay batch once `$rows` are taken in `$tx`, for the dialects that bind the
 /// marked rows one placeholder each (MySQL, SQLite): publish and wait for the broker, mark the
@@ -127,7 +127,7 @@ pub enum OutboxError {
     Broker(#[from] BrokerError),
     /// The table name is not a valid SQL identifier.
     #[error(transparent)]
-    Config(#[from] InvalidTableName),
+    Config(#[from] InvalidIdentifier),
 }
 
 impl From<sqlx::Error> for OutboxError {

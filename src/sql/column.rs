@@ -3,9 +3,12 @@ use std::{
     hash::{Hash, Hasher},
 };
 
-use super::{InvalidTableName, TableName};
+use super::{
+    identifier::{check_part, invalid},
+    InvalidIdentifier,
+};
 
-/// A validated SQL column name: the same rules as one part of a [`TableName`] (1–63 ASCII
+/// A validated SQL column name: the same rules as one part of a [`TableName`](super::TableName) (1–63 ASCII
 /// letters, digits and `_`, not starting with a digit), without a schema qualifier.
 ///
 /// ```
@@ -24,10 +27,12 @@ pub struct ColumnName(String);
 
 impl ColumnName {
     /// Validates `name`.
-    pub fn new(name: impl Into<String>) -> Result<Self, InvalidTableName> {
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidIdentifier> {
         let name = name.into();
-        TableName::check_column(&name)?;
-        Ok(Self(name))
+        match check_part(&name) {
+            Ok(()) => Ok(Self(name)),
+            Err(reason) => Err(invalid(name, reason)),
+        }
     }
 
     /// The name as it appears in SQL (unquoted; it needs no quoting by construction).

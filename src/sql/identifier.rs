@@ -15,10 +15,11 @@ use std::fmt;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct TableName(String);
 
-/// A table or column name that [`TableName::new`] refused, with the reason.
+/// An SQL identifier that [`TableName::new`] or [`ColumnName::new`](super::ColumnName::new)
+/// refused, with the reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid SQL identifier {name:?}: {reason}; use 1-63 ASCII letters, digits or '_', not starting with a digit, optionally 'schema.table'")]
-pub struct InvalidTableName {
+pub struct InvalidIdentifier {
     /// The name as given.
     pub name: String,
     /// What is wrong with it.
@@ -27,7 +28,7 @@ pub struct InvalidTableName {
 
 impl TableName {
     /// Validates `name`.
-    pub fn new(name: impl Into<String>) -> Result<Self, InvalidTableName> {
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidIdentifier> {
         let name = name.into();
         let mut parts = name.split('.');
         let first = parts.next().unwrap_or_default();
@@ -66,15 +67,6 @@ impl TableName {
     }
 }
 
-impl TableName {
-    /// Checks a bare column name (no `schema.` qualifier) by the same rules as one part of a
-    /// table name, so every identifier this crate writes into SQL obeys one rule set.
-    pub(crate) fn check_column(name: &str) -> Result<(), InvalidTableName> {
-        check_part(name).map_err(|reason| invalid(name.to_owned(), reason))?;
-        Ok(())
-    }
-}
-
 impl fmt::Display for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -87,7 +79,9 @@ impl fmt::Debug for TableName {
     }
 }
 
-fn check_part(part: &str) -> Result<(), &'static str> {
+/// Checks one identifier part (no `.`): the rule every identifier this crate writes into SQL
+/// obeys, tables and columns alike.
+pub(super) fn check_part(part: &str) -> Result<(), &'static str> {
     if part.is_empty() {
         return Err("empty name");
     }
@@ -103,8 +97,8 @@ fn check_part(part: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn invalid(name: String, reason: &'static str) -> InvalidTableName {
-    InvalidTableName { name, reason }
+pub(super) fn invalid(name: String, reason: &'static str) -> InvalidIdentifier {
+    InvalidIdentifier { name, reason }
 }
 
 #[cfg(test)]

@@ -6,5 +6,5 @@ mod identifier;
 mod plumbing;
 
 pub use column::ColumnName;
-pub use identifier::{InvalidTableName, TableName};
+pub use identifier::{InvalidIdentifier, TableName};
 pub(crate) use plumbing::*;

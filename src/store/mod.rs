@@ -44,6 +44,8 @@ mod postgres;
 mod purger;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqlx")]
+mod sql_builder;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 
@@ -57,6 +59,8 @@ pub use mysql::{MySqlStore, MySqlStoreBuilder};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 pub use purger::spawn_purger;
+#[cfg(feature = "sqlx")]
+pub use sql_builder::{SqlStore, SqlStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 

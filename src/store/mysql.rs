@@ -9,12 +9,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
-use super::{Store, StoreError};
+use super::{sql_builder::sealed::Assemble, SqlStore, SqlStoreBuilder, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
-use crate::sql::{self, InvalidTableName, TableName};
+use crate::sql::{self, TableName};
 
 const BACKEND: &str = "mysql";
-const DEFAULT_TABLE: &str = "tower_idempotency_records";
 const NOW: &str = "UTC_TIMESTAMP(3)";
 
 /// The width of the scope and key columns, in bytes.
@@ -85,11 +84,7 @@ pub struct MySqlStore {
 }
 
 /// Builds a [`MySqlStore`] on an existing pool, with a table name of your choice.
-#[derive(Debug, Clone)]
-pub struct MySqlStoreBuilder {
-    pool: MySqlPool,
-    table: TableName,
-}
+pub type MySqlStoreBuilder = SqlStoreBuilder<MySqlStore>;
 
 /// Every statement, rendered once for the store's table.
 #[derive(Debug)]
@@ -180,45 +175,30 @@ impl Statements {
     }
 }
 
-impl MySqlStoreBuilder {
-    /// Stores records in table `name` instead of `tower_idempotency_records`; `db.table`
-    /// names a table in another database. The name is validated, never pasted as given.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_idempotency::store::MySqlStore;
-    ///
-    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/app").await?;
-    /// let store = MySqlStore::builder(pool).table("idempotency")?.build();
-    /// # Ok(()) }
-    /// ```
-    pub fn table(mut self, name: impl Into<String>) -> Result<Self, InvalidTableName> {
-        self.table = TableName::new(name)?;
-        Ok(self)
-    }
+impl SqlStore for MySqlStore {}
 
-    /// Builds the store. It does not touch the database: call [`MySqlStore::migrate`] (or
-    /// run [`MySqlStore::schema_sql`] yourself) before using it.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_idempotency::store::MySqlStore;
-    ///
-    /// let pool = sqlx::MySqlPool::connect("mysql://app@db.internal/app").await?;
-    /// let store = MySqlStore::builder(pool).build();
-    /// store.migrate().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn build(self) -> MySqlStore {
-        MySqlStore {
-            pool: self.pool,
-            sql: Arc::new(Statements::new(self.table)),
+impl Assemble for MySqlStore {
+    type Pool = MySqlPool;
+    const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
+
+    fn assemble(pool: MySqlPool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(table)),
         }
     }
 }
 
 impl MySqlStore {
-    /// A store on `pool` using the default table `tower_idempotency_records`.
+    /// The table used unless [`SqlStoreBuilder::table`] says otherwise.
+    ///
+    /// ```
+    /// # use tower_idempotency::store::MySqlStore;
+    /// assert_eq!(MySqlStore::DEFAULT_TABLE, "tower_idempotency_records");
+    /// ```
+    pub const DEFAULT_TABLE: &'static str = "tower_idempotency_records";
+
+    /// A store on `pool` using the default table, [`DEFAULT_TABLE`](Self::DEFAULT_TABLE).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -228,7 +208,10 @@ impl MySqlStore {
     /// # Ok(()) }
     /// ```
     pub fn new(pool: MySqlPool) -> Self {
-        Self::builder(pool).build()
+        Self::assemble(
+            pool,
+            TableName::new(Self::DEFAULT_TABLE).expect("the default table name is valid"),
+        )
     }
 
     /// A builder on `pool`, to choose the table name.
@@ -240,13 +223,10 @@ impl MySqlStore {
     /// # let _inside = runtime.enter();
     /// // A lazy pool never connects until used, so this runs without a server.
     /// let pool = sqlx::MySqlPool::connect_lazy("mysql://app@db.internal/app").unwrap();
-    /// assert!(MySqlStore::builder(pool).table("records; DROP TABLE users").is_err());
+    /// assert!(MySqlStore::builder(pool).table("records; DROP TABLE users").build().is_err());
     /// ```
     pub fn builder(pool: MySqlPool) -> MySqlStoreBuilder {
-        MySqlStoreBuilder {
-            pool,
-            table: TableName::new(DEFAULT_TABLE).expect("the default table name is valid"),
-        }
+        SqlStoreBuilder::new(pool)
     }
 
     /// Creates the table (with its expiry index) if it does not exist. Idempotent, and safe

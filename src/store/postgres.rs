@@ -1,53 +1,5 @@
-//! A [`Store`] on PostgreSQL through sqlx: one table, shared by every process that points at
-//! the same database.
-//!
-//! # Schema
-//!
-//! [`PostgresStore::migrate`] creates it for you (idempotently, and safely when several
-//! processes start at once). If you run your own migrations instead, this is the DDL for the
-//! default table name ([`PostgresStore::schema_sql`] gives it for any table name):
-//!
-//! ```sql
-//! CREATE TABLE IF NOT EXISTS tower_idempotency_records (
-//!     scope       TEXT        NOT NULL,
-//!     key         TEXT        NOT NULL,
-//!     fingerprint BYTEA       NOT NULL,
-//!     token       BYTEA,
-//!     payload     BYTEA,
-//!     expires_at  TIMESTAMPTZ NOT NULL,
-//!     PRIMARY KEY (scope, key),
-//!     CHECK ((token IS NULL) <> (payload IS NULL))
-//! );
-//! CREATE INDEX IF NOT EXISTS tower_idempotency_records_expires_at_idx
-//!     ON tower_idempotency_records (expires_at);
-//! ```
-//!
-//! A row in progress has a `token` and no `payload`, and `expires_at` is the end of its lease;
-//! a completed row has a `payload` and no `token`, and `expires_at` is the end of its
-//! retention. A row whose `expires_at` has passed counts as absent.
-//!
-//! # How a claim works
-//!
-//! A claim is one statement, hence one round trip and one atomic decision:
-//!
-//! - it first reads the live row under its statement snapshot; when there is one (the common
-//!   case of a replay) it returns it without writing or locking anything;
-//! - otherwise it runs `INSERT .. ON CONFLICT (scope, key) DO UPDATE .. WHERE <row expired>`,
-//!   which inserts a new claim or takes over an expired one. The unique index and the row lock
-//!   of `ON CONFLICT` referee concurrent claims, never the read.
-//!
-//! If a concurrent transaction commits the row between the snapshot and the insert, the
-//! insert yields nothing and the snapshot shows nothing: the statement answers with no row at
-//! all and the claim runs again with a fresh snapshot (rare; only under contention on a key).
-//!
-//! Every time — lease ends, retention ends, purges — is measured by the database's clock
-//! (`now()`), never the application's.
-//!
-//! # Purging
-//!
-//! Expired rows are harmless (they count as absent and a claim overwrites them) but take
-//! space. Call [`Store::purge_expired`] from your own scheduler, or let
-//! [`spawn_purger`](super::spawn_purger) do it in the background.
+//! The PostgreSQL store (feature `postgres`), on a sqlx [`PgPool`]. The schema, how a claim
+//! works and purging are documented on [`PostgresStore`].
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -55,9 +7,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{PgPool, Row};
 
-use super::{Store, StoreError};
+use super::{sql_builder::sealed::Assemble, SqlStore, SqlStoreBuilder, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
-use crate::sql::{self, InvalidTableName, TableName};
+use crate::sql::{self, TableName};
 
 const BACKEND: &str = "postgres";
 
@@ -78,6 +30,54 @@ const CLAIM_ATTEMPTS: usize = 8;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Schema
+///
+/// [`PostgresStore::migrate`] creates it for you (idempotently, and safely when several
+/// processes start at once). If you run your own migrations instead, this is the DDL for the
+/// default table name ([`PostgresStore::schema_sql`] gives it for any table name):
+///
+/// ```sql
+/// CREATE TABLE IF NOT EXISTS tower_idempotency_records (
+///     scope       TEXT        NOT NULL,
+///     key         TEXT        NOT NULL,
+///     fingerprint BYTEA       NOT NULL,
+///     token       BYTEA,
+///     payload     BYTEA,
+///     expires_at  TIMESTAMPTZ NOT NULL,
+///     PRIMARY KEY (scope, key),
+///     CHECK ((token IS NULL) <> (payload IS NULL))
+/// );
+/// CREATE INDEX IF NOT EXISTS tower_idempotency_records_expires_at_idx
+///     ON tower_idempotency_records (expires_at);
+/// ```
+///
+/// A row in progress has a `token` and no `payload`, and `expires_at` is the end of its lease;
+/// a completed row has a `payload` and no `token`, and `expires_at` is the end of its
+/// retention. A row whose `expires_at` has passed counts as absent.
+///
+/// # How a claim works
+///
+/// A claim is one statement, hence one round trip and one atomic decision:
+///
+/// - it first reads the live row under its statement snapshot; when there is one (the common
+///   case of a replay) it returns it without writing or locking anything;
+/// - otherwise it runs `INSERT .. ON CONFLICT (scope, key) DO UPDATE .. WHERE <row expired>`,
+///   which inserts a new claim or takes over an expired one. The unique index and the row lock
+///   of `ON CONFLICT` referee concurrent claims, never the read.
+///
+/// If a concurrent transaction commits the row between the snapshot and the insert, the
+/// insert yields nothing and the snapshot shows nothing: the statement answers with no row at
+/// all and the claim runs again with a fresh snapshot (rare; only under contention on a key).
+///
+/// Every time — lease ends, retention ends, purges — is measured by the database's clock
+/// (`now()`), never the application's.
+///
+/// # Purging
+///
+/// Expired rows are harmless (they count as absent and a claim overwrites them) but take
+/// space. Call [`Store::purge_expired`] from your own scheduler, or let
+/// [`spawn_purger`](super::spawn_purger) do it in the background.
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
@@ -96,11 +96,7 @@ pub struct PostgresStore {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct PostgresStoreBuilder {
-    pool: PgPool,
-    table: String,
-}
+pub type PostgresStoreBuilder = SqlStoreBuilder<PostgresStore>;
 
 /// The statements for one table. Table names cannot be bound as parameters, so the text is
 /// built once from a validated [`TableName`]; sqlx then prepares each once per connection.
@@ -201,7 +197,7 @@ SELECT false, fingerprint, payload FROM live"
 }
 
 impl PostgresStore {
-    /// The table used unless [`PostgresStoreBuilder::table`] says otherwise.
+    /// The table used unless [`SqlStoreBuilder::table`] says otherwise.
     ///
     /// ```
     /// # use tower_idempotency::store::PostgresStore;
@@ -224,7 +220,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn new(pool: PgPool) -> Self {
-        Self::with_table(pool, default_table())
+        Self::assemble(pool, default_table())
     }
 
     /// A builder, to choose the table name.
@@ -237,17 +233,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
-        PostgresStoreBuilder {
-            pool,
-            table: Self::DEFAULT_TABLE.to_owned(),
-        }
-    }
-
-    fn with_table(pool: PgPool, table: TableName) -> Self {
-        Self {
-            pool,
-            sql: Arc::new(Statements::new(table)),
-        }
+        SqlStoreBuilder::new(pool)
     }
 
     /// The table this store uses.
@@ -313,33 +299,17 @@ impl PostgresStore {
     }
 }
 
-impl PostgresStoreBuilder {
-    /// The table to use, optionally schema-qualified (`schema.table`). It is validated by
-    /// [`build`](Self::build): see [`TableName`] for what is accepted.
-    ///
-    /// ```no_run
-    /// # use tower_idempotency::store::PostgresStore;
-    /// # fn example(pool: sqlx::PgPool) {
-    /// let builder = PostgresStore::builder(pool).table("idempotency");
-    /// # }
-    /// ```
-    pub fn table(mut self, name: impl Into<String>) -> Self {
-        self.table = name.into();
-        self
-    }
+impl SqlStore for PostgresStore {}
 
-    /// Builds the store, or says why the table name was refused. Does not touch the database.
-    ///
-    /// ```no_run
-    /// # use tower_idempotency::store::PostgresStore;
-    /// # fn example(pool: sqlx::PgPool) {
-    /// let refused = PostgresStore::builder(pool).table("records; DROP TABLE users").build();
-    /// assert!(refused.is_err());
-    /// # }
-    /// ```
-    pub fn build(self) -> Result<PostgresStore, InvalidTableName> {
-        let table = TableName::new(self.table)?;
-        Ok(PostgresStore::with_table(self.pool, table))
+impl Assemble for PostgresStore {
+    type Pool = PgPool;
+    const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
+
+    fn assemble(pool: PgPool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(table)),
+        }
     }
 }
 

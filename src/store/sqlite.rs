@@ -11,12 +11,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
 };
 
-use super::{Store, StoreError};
+use super::{sql_builder::sealed::Assemble, SqlStore, SqlStoreBuilder, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
-use crate::sql::{self, InvalidTableName, TableName};
+use crate::sql::{self, TableName};
 
 const BACKEND: &str = "sqlite";
-const DEFAULT_TABLE: &str = "tower_idempotency_records";
 
 /// SQLite's clock in whole Unix milliseconds. `'now'` is fixed for one statement, so every
 /// use within a statement agrees. `unixepoch('subsec')` is exact to the millisecond, but as a
@@ -83,17 +82,15 @@ pub struct SqliteStore {
 }
 
 /// Builds a [`SqliteStore`] on an existing pool, with a table name of your choice.
-#[derive(Debug, Clone)]
-pub struct SqliteStoreBuilder {
-    pool: SqlitePool,
-    table: TableName,
-}
+pub type SqliteStoreBuilder = SqlStoreBuilder<SqliteStore>;
 
 /// Every statement, rendered once for the store's table.
 #[derive(Debug)]
 struct Statements {
     table: TableName,
     schema: [String; 2],
+    /// `schema` as one `;`-separated script, for [`SqliteStore::schema_sql`].
+    script: String,
     claim: String,
     lookup: String,
     renew: String,
@@ -112,10 +109,9 @@ impl Statements {
             None => table.derived("expires_at_idx"),
         };
         let bare = t.rsplit('.').next().unwrap_or(t);
-        Self {
-            schema: [
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (\n    \
+        let schema = [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\n    \
                      scope       TEXT    NOT NULL,\n    \
                      \"key\"       TEXT    NOT NULL,\n    \
                      fingerprint BLOB    NOT NULL,\n    \
@@ -123,9 +119,12 @@ impl Statements {
                      payload     BLOB,\n    \
                      expires_at  INTEGER NOT NULL,\n    \
                      PRIMARY KEY (scope, \"key\")\n)"
-                ),
-                format!("CREATE INDEX IF NOT EXISTS {index}\n    ON {bare} (expires_at)"),
-            ],
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {index}\n    ON {bare} (expires_at)"),
+        ];
+        Self {
+            script: schema.join(";\n") + ";\n",
+            schema,
             // A returned row means this statement wrote our token: either the key was new, or
             // the DO UPDATE's WHERE found the existing record expired. The bare `expires_at`
             // in that WHERE is the existing row's; `excluded` is the row we tried to insert.
@@ -165,48 +164,30 @@ impl Statements {
     }
 }
 
-impl SqliteStoreBuilder {
-    /// Stores records in table `name` instead of `tower_idempotency_records`; `schema.table`
-    /// names a table in an attached database. The name is validated, never pasted as given.
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_idempotency::store::SqliteStore;
-    ///
-    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-    /// let store = SqliteStore::builder(pool).table("idempotency")?.build();
-    /// assert_eq!(store.table().as_str(), "idempotency");
-    /// # Ok(()) }
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
-    /// ```
-    pub fn table(mut self, name: impl Into<String>) -> Result<Self, InvalidTableName> {
-        self.table = TableName::new(name)?;
-        Ok(self)
-    }
+impl SqlStore for SqliteStore {}
 
-    /// Builds the store. It does not touch the database: call [`SqliteStore::migrate`] (or
-    /// run [`SqliteStore::schema_sql`] yourself) before using it.
-    ///
-    /// ```
-    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_idempotency::store::SqliteStore;
-    ///
-    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-    /// let store = SqliteStore::builder(pool).build();
-    /// store.migrate().await?;
-    /// # Ok(()) }
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
-    /// ```
-    pub fn build(self) -> SqliteStore {
-        SqliteStore {
-            pool: self.pool,
-            sql: Arc::new(Statements::new(self.table)),
+impl Assemble for SqliteStore {
+    type Pool = SqlitePool;
+    const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
+
+    fn assemble(pool: SqlitePool, table: TableName) -> Self {
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(table)),
         }
     }
 }
 
 impl SqliteStore {
-    /// A store on `pool` using the default table `tower_idempotency_records`.
+    /// The table used unless [`SqlStoreBuilder::table`] says otherwise.
+    ///
+    /// ```
+    /// # use tower_idempotency::store::SqliteStore;
+    /// assert_eq!(SqliteStore::DEFAULT_TABLE, "tower_idempotency_records");
+    /// ```
+    pub const DEFAULT_TABLE: &'static str = "tower_idempotency_records";
+
+    /// A store on `pool` using the default table, [`DEFAULT_TABLE`](Self::DEFAULT_TABLE).
     ///
     /// Configure the pool's connections with [`durable_options`](Self::durable_options) (WAL,
     /// busy timeout): without a busy timeout, concurrent claims fail with "database is locked"
@@ -227,7 +208,10 @@ impl SqliteStore {
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub fn new(pool: SqlitePool) -> Self {
-        Self::builder(pool).build()
+        Self::assemble(
+            pool,
+            TableName::new(Self::DEFAULT_TABLE).expect("the default table name is valid"),
+        )
     }
 
     /// A builder on `pool`, to choose the table name.
@@ -237,16 +221,13 @@ impl SqliteStore {
     /// use tower_idempotency::store::SqliteStore;
     ///
     /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-    /// let refused = SqliteStore::builder(pool).table("records; DROP TABLE users");
+    /// let refused = SqliteStore::builder(pool).table("records; DROP TABLE users").build();
     /// assert!(refused.is_err());
     /// # Ok(()) }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
     pub fn builder(pool: SqlitePool) -> SqliteStoreBuilder {
-        SqliteStoreBuilder {
-            pool,
-            table: TableName::new(DEFAULT_TABLE).expect("the default table name is valid"),
-        }
+        SqlStoreBuilder::new(pool)
     }
 
     /// Opens (creating if missing) the database file at `path` with
@@ -350,8 +331,8 @@ impl SqliteStore {
     /// # Ok(()) }
     /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
     /// ```
-    pub fn schema_sql(&self) -> String {
-        self.sql.schema.join(";\n") + ";\n"
+    pub fn schema_sql(&self) -> &str {
+        &self.sql.script
     }
 
     /// The table the records live in.

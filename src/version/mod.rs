@@ -65,4 +65,6 @@ pub use outcome::{ConflictReason, InsertOutcome, VersionedUpdate};
 pub use retry::{retry_on_conflict, IsConflict, RetryPolicy};
 
 #[cfg(feature = "sqlx")]
-pub use sql::{commit_if_updated, SetValues, VersionError, VersionedBackend, VersionedTable};
+pub use sql::{
+    commit_if_updated, SetValues, VersionedBackend, VersionedTable, VersionedTableError,
+};

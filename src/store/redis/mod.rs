@@ -29,8 +29,6 @@ use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 
 const BACKEND: &str = "redis";
 
-const DEFAULT_PREFIX: &str = "tower-idempotency:";
-
 /// A [`Store`] on Redis 7.0+ (or Valkey), on one server or on a Redis Cluster. On one server
 /// it runs over a [`ConnectionManager`] that reconnects by itself: when the server comes back
 /// after an outage, the same store works again without a restart. On a cluster it runs over
@@ -123,7 +121,7 @@ pub struct RedisStore {
 /// use tower_idempotency::store::RedisStore;
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::builder()
-///     .prefix("payments:")?
+///     .prefix("payments:")
 ///     .wait_for_replicas(1, Duration::from_millis(200))
 ///     .open_cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
 ///     .await?;
@@ -133,7 +131,7 @@ pub struct RedisStore {
 /// ```
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
-    prefix: Arc<str>,
+    prefix: String,
     replica_wait: Option<ReplicaWait>,
 }
 
@@ -145,14 +143,19 @@ impl RedisStoreBuilder {
     /// A hash tag (`"{idem}:"`) pins every record to one Redis Cluster slot, i.e. to one
     /// master (see [`RedisStore`]'s key layout).
     ///
+    /// It is validated when the store is built.
+    ///
     /// ```
+    /// # let runtime = tokio::runtime::Runtime::new().unwrap();
+    /// # runtime.block_on(async {
     /// use tower_idempotency::store::RedisStore;
-    /// assert!(RedisStore::builder().prefix("app:idem:").is_ok());
-    /// assert!(RedisStore::builder().prefix("").is_err());
+    /// let refused = RedisStore::builder().prefix("").open("redis://127.0.0.1:6379").await;
+    /// assert!(refused.unwrap_err().to_string().contains("invalid Redis key prefix"));
+    /// # });
     /// ```
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, InvalidPrefix> {
-        self.prefix = prefix::validate(prefix.into())?.into();
-        Ok(self)
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
     }
 
     /// After writing a claim, wait until `replicas` replicas of the master acknowledged it
@@ -189,35 +192,46 @@ impl RedisStoreBuilder {
     /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
     /// let config = RedisStore::connection_config().set_response_timeout(Duration::from_secs(1));
     /// let manager = ConnectionManager::new_with_config(client, config).await?;
-    /// let store = RedisStore::builder().prefix("app:")?.build(manager);
+    /// let store = RedisStore::builder().prefix("app:").build(manager)?;
     /// # let _ = store;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn build(self, connection: ConnectionManager) -> RedisStore {
+    pub fn build(self, connection: ConnectionManager) -> Result<RedisStore, InvalidPrefix> {
         self.with(Connection::Single(connection))
     }
 
-    fn with(self, connection: Connection) -> RedisStore {
-        RedisStore {
+    fn with(self, connection: Connection) -> Result<RedisStore, InvalidPrefix> {
+        Ok(RedisStore {
             connection,
-            prefix: self.prefix,
+            prefix: prefix::validate(self.prefix)?.into(),
             replica_wait: self.replica_wait,
-        }
+        })
+    }
+
+    /// Refuses a bad prefix before connecting: there is no point reaching a server for a
+    /// store that cannot be built.
+    fn check_prefix(&self) -> Result<(), StoreError> {
+        prefix::validate(self.prefix.clone())
+            .map(drop)
+            .map_err(|invalid| StoreError::Config(invalid.to_string()))
     }
 
     /// Connects to `url` with [`RedisStore::connection_config`] and builds the store.
     ///
-    /// Fails with [`StoreError::Backend`] (the [`RedisError`] as its source) when the URL is
+    /// Fails with [`StoreError::Config`] when the prefix is invalid (before connecting), and
+    /// with [`StoreError::Backend`] (the [`RedisError`] as its source) when the URL is
     /// invalid or the server cannot be reached now; once connected, later outages are
     /// reported per operation and healed by reconnecting.
     pub async fn open(self, url: &str) -> Result<RedisStore, StoreError> {
+        self.check_prefix()?;
         let client = redis::Client::open(url).map_err(backend)?;
         let connection =
             ConnectionManager::new_with_config(client, RedisStore::connection_config())
                 .await
                 .map_err(backend)?;
-        Ok(self.build(connection))
+        self.build(connection)
+            .map_err(|invalid| StoreError::Config(invalid.to_string()))
     }
 
     /// Connects to the Redis Cluster that `nodes` belong to (one reachable node is enough;
@@ -264,21 +278,31 @@ impl RedisStoreBuilder {
     /// # }
     /// ```
     pub async fn open_cluster_with(self, client: ClusterClient) -> Result<RedisStore, StoreError> {
+        self.check_prefix()?;
         let cluster = Cluster::connect(client).await.map_err(backend)?;
-        Ok(self.with(Connection::Cluster(Arc::new(cluster))))
+        self.with(Connection::Cluster(Arc::new(cluster)))
+            .map_err(|invalid| StoreError::Config(invalid.to_string()))
     }
 }
 
 impl Default for RedisStoreBuilder {
     fn default() -> Self {
         Self {
-            prefix: DEFAULT_PREFIX.into(),
+            prefix: RedisStore::DEFAULT_PREFIX.into(),
             replica_wait: None,
         }
     }
 }
 
 impl RedisStore {
+    /// The key prefix used unless [`RedisStoreBuilder::prefix`] says otherwise.
+    ///
+    /// ```
+    /// # use tower_idempotency::store::RedisStore;
+    /// assert_eq!(RedisStore::DEFAULT_PREFIX, "tower-idempotency:");
+    /// ```
+    pub const DEFAULT_PREFIX: &'static str = "tower-idempotency:";
+
     /// A store with the default prefix over `connection`. See [`RedisStoreBuilder::build`]
     /// for how to configure the connection manager.
     ///
@@ -295,7 +319,9 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn new(connection: ConnectionManager) -> Self {
-        Self::builder().build(connection)
+        Self::builder()
+            .build(connection)
+            .expect("the default prefix is valid")
     }
 
     /// Connects to `url` (for example `redis://127.0.0.1:6379`) and returns a store with the
@@ -336,7 +362,7 @@ impl RedisStore {
     ///
     /// ```
     /// use tower_idempotency::store::RedisStore;
-    /// let builder = RedisStore::builder().prefix("app:idem:").unwrap();
+    /// let builder = RedisStore::builder().prefix("app:idem:");
     /// # let _ = builder;
     /// ```
     pub fn builder() -> RedisStoreBuilder {

@@ -2,14 +2,8 @@
 
 const MAX_PREFIX_LEN: usize = 256;
 
-/// A key prefix that [`RedisStoreBuilder::prefix`](super::RedisStoreBuilder::prefix) refused,
+/// A key prefix that [`RedisStoreBuilder::build`](super::RedisStoreBuilder::build) refused,
 /// with the reason.
-///
-/// ```
-/// use tower_idempotency::store::RedisStore;
-/// let err = RedisStore::builder().prefix("my app:").unwrap_err();
-/// assert_eq!(err.prefix, "my app:");
-/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid Redis key prefix {prefix:?}: {reason}; use 1-256 bytes without whitespace or control characters")]
 pub struct InvalidPrefix {

@@ -1,10 +1,10 @@
-use crate::{sql::InvalidTableName, BoxError};
+use crate::{sql::InvalidIdentifier, BoxError};
 
 /// Why a versioned SQL operation failed. A lost race is not an error: it is
 /// [`VersionedUpdate::Conflict`](crate::version::VersionedUpdate::Conflict).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum VersionError {
+pub enum VersionedTableError {
     /// A table or column name is not a valid identifier.
     #[error("invalid {role} name: {source}")]
     InvalidIdentifier {
@@ -12,7 +12,7 @@ pub enum VersionError {
         role: &'static str,
         /// What is wrong with it.
         #[source]
-        source: InvalidTableName,
+        source: InvalidIdentifier,
     },
 
     /// The values tried to set the id or version column, which the statement manages.

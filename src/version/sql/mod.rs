@@ -9,6 +9,6 @@ use super::{ConflictReason, Expected, InsertOutcome, Version, VersionedUpdate};
 use crate::sql::ColumnName;
 
 pub use backend::VersionedBackend;
-pub use error::VersionError;
+pub use error::VersionedTableError;
 pub use set::SetValues;
 pub use table::{commit_if_updated, VersionedTable};

@@ -1,6 +1,6 @@
 use sqlx::{Arguments, Encode, Type};
 
-use super::{ColumnName, VersionError, VersionedBackend};
+use super::{ColumnName, VersionedBackend, VersionedTableError};
 
 /// The column values of one versioned UPDATE or create-only INSERT, bound as parameters.
 ///
@@ -14,7 +14,7 @@ use super::{ColumnName, VersionError, VersionedBackend};
 pub struct SetValues<'args, DB: VersionedBackend> {
     pub(super) columns: Vec<(ColumnName, String)>,
     pub(super) args: DB::Arguments<'args>,
-    pub(super) error: Option<VersionError>,
+    pub(super) error: Option<VersionedTableError>,
     reserved: [(ColumnName, &'static str); 2],
 }
 
@@ -44,29 +44,32 @@ impl<'args, DB: VersionedBackend> SetValues<'args, DB> {
         self
     }
 
-    fn try_value<T>(&mut self, column: &str, value: T) -> Result<(), VersionError>
+    fn try_value<T>(&mut self, column: &str, value: T) -> Result<(), VersionedTableError>
     where
         T: 'args + Encode<'args, DB> + Type<DB>,
     {
-        let name = ColumnName::new(column).map_err(|source| VersionError::InvalidIdentifier {
-            role: "value column",
-            source,
-        })?;
+        let name =
+            ColumnName::new(column).map_err(|source| VersionedTableError::InvalidIdentifier {
+                role: "value column",
+                source,
+            })?;
         if let Some((_, role)) = self.reserved.iter().find(|(c, _)| *c == name) {
-            return Err(VersionError::ReservedColumn {
+            return Err(VersionedTableError::ReservedColumn {
                 column: column.to_owned(),
                 role,
             });
         }
         if self.columns.iter().any(|(c, _)| *c == name) {
-            return Err(VersionError::DuplicateColumn {
+            return Err(VersionedTableError::DuplicateColumn {
                 column: column.to_owned(),
             });
         }
-        let placeholder = self.bind(value).map_err(|source| VersionError::Bind {
-            column: column.to_owned(),
-            source,
-        })?;
+        let placeholder = self
+            .bind(value)
+            .map_err(|source| VersionedTableError::Bind {
+                column: column.to_owned(),
+                source,
+            })?;
         self.columns.push((name, placeholder));
         Ok(())
     }

@@ -4,7 +4,7 @@ use sqlx::{Acquire, Encode, FromRow, Transaction, Type};
 
 use super::{
     backend::conflict_reason, ColumnName, ConflictReason, Expected, InsertOutcome, SetValues,
-    Version, VersionError, VersionedBackend, VersionedUpdate,
+    Version, VersionedBackend, VersionedTableError, VersionedUpdate,
 };
 use crate::sql::TableName;
 
@@ -49,13 +49,17 @@ pub struct VersionedTable {
 
 impl VersionedTable {
     /// Validates the table name (optionally `schema.table`) and the two column names.
-    pub fn new(table: &str, id_column: &str, version_column: &str) -> Result<Self, VersionError> {
-        let invalid = |role| move |source| VersionError::InvalidIdentifier { role, source };
+    pub fn new(
+        table: &str,
+        id_column: &str,
+        version_column: &str,
+    ) -> Result<Self, VersionedTableError> {
+        let invalid = |role| move |source| VersionedTableError::InvalidIdentifier { role, source };
         let table = TableName::new(table).map_err(invalid("table"))?;
         let id = ColumnName::new(id_column).map_err(invalid("id column"))?;
         let version = ColumnName::new(version_column).map_err(invalid("version column"))?;
         if id == version {
-            return Err(VersionError::ReservedColumn {
+            return Err(VersionedTableError::ReservedColumn {
                 column: version.to_string(),
                 role: "id column as well as its version column",
             });
@@ -105,7 +109,7 @@ impl VersionedTable {
         id: K,
         expected: impl Into<Expected>,
         set: impl FnOnce(&mut SetValues<'a, DB>),
-    ) -> impl Future<Output = Result<VersionedUpdate, VersionError>> + Send + 'a
+    ) -> impl Future<Output = Result<VersionedUpdate, VersionedTableError>> + Send + 'a
     where
         DB: VersionedBackend,
         A: Acquire<'c, Database = DB> + Send + 'a,
@@ -130,7 +134,7 @@ impl VersionedTable {
         id: K,
         expected: impl Into<Expected>,
         set: impl FnOnce(&mut SetValues<'a, DB>),
-    ) -> impl Future<Output = Result<VersionedUpdate<R>, VersionError>> + Send + 'a
+    ) -> impl Future<Output = Result<VersionedUpdate<R>, VersionedTableError>> + Send + 'a
     where
         DB: VersionedBackend,
         A: Acquire<'c, Database = DB> + Send + 'a,
@@ -159,7 +163,7 @@ impl VersionedTable {
         conn: A,
         id: K,
         set: impl FnOnce(&mut SetValues<'a, DB>),
-    ) -> impl Future<Output = Result<InsertOutcome, VersionError>> + Send + 'a
+    ) -> impl Future<Output = Result<InsertOutcome, VersionedTableError>> + Send + 'a
     where
         DB: VersionedBackend,
         A: Acquire<'c, Database = DB> + Send + 'a,
@@ -177,7 +181,7 @@ impl VersionedTable {
         conn: &mut DB::Connection,
         id: K,
         mut values: SetValues<'args, DB>,
-    ) -> Result<InsertOutcome, VersionError>
+    ) -> Result<InsertOutcome, VersionedTableError>
     where
         DB: VersionedBackend,
         K: 'args + Encode<'args, DB> + Type<DB>,
@@ -215,7 +219,7 @@ impl VersionedTable {
         &'a self,
         conn: A,
         id: K,
-    ) -> impl Future<Output = Result<Option<Version>, VersionError>> + Send + 'a
+    ) -> impl Future<Output = Result<Option<Version>, VersionedTableError>> + Send + 'a
     where
         DB: VersionedBackend,
         A: Acquire<'c, Database = DB> + Send + 'a,
@@ -233,7 +237,7 @@ impl VersionedTable {
         &'a self,
         conn: A,
         id: K,
-    ) -> impl Future<Output = Result<Option<(Version, R)>, VersionError>> + Send + 'a
+    ) -> impl Future<Output = Result<Option<(Version, R)>, VersionedTableError>> + Send + 'a
     where
         DB: VersionedBackend,
         A: Acquire<'c, Database = DB> + Send + 'a,
@@ -255,7 +259,7 @@ impl VersionedTable {
     fn values<'args, DB: VersionedBackend>(
         &self,
         set: impl FnOnce(&mut SetValues<'args, DB>),
-    ) -> Result<SetValues<'args, DB>, VersionError> {
+    ) -> Result<SetValues<'args, DB>, VersionedTableError> {
         let mut values = SetValues::<DB>::new(&self.id, &self.version);
         set(&mut values);
         match values.error.take() {
@@ -271,7 +275,7 @@ impl VersionedTable {
         expected: Expected,
         mut values: SetValues<'args, DB>,
         decode: Option<Decode<DB, R>>,
-    ) -> Result<VersionedUpdate<R>, VersionError>
+    ) -> Result<VersionedUpdate<R>, VersionedTableError>
     where
         DB: VersionedBackend,
         K: 'args + Encode<'args, DB> + Type<DB> + Clone,
@@ -322,7 +326,7 @@ impl VersionedTable {
             .await
         {
             Ok(row) => row,
-            Err(VersionError::Database { source, .. })
+            Err(VersionedTableError::Database { source, .. })
                 if conflict_reason::<DB>(&source).is_some() =>
             {
                 return aborted::<DB, R>("read", source)
@@ -345,7 +349,7 @@ impl VersionedTable {
         id: K,
         expected: &Expected,
         returning_row: bool,
-    ) -> Result<String, VersionError>
+    ) -> Result<String, VersionedTableError>
     where
         DB: VersionedBackend,
         K: 'args + Encode<'args, DB> + Type<DB>,
@@ -385,7 +389,7 @@ impl VersionedTable {
         sql: &mut String,
         values: &mut SetValues<'_, DB>,
         versions: &[Version],
-    ) -> Result<(), VersionError> {
+    ) -> Result<(), VersionedTableError> {
         for (n, version) in versions.iter().enumerate() {
             let placeholder = values
                 .bind_i64(version.get())
@@ -403,7 +407,7 @@ impl VersionedTable {
         id: K,
         whole_row: bool,
         suffix: &str,
-    ) -> Result<Option<DB::Row>, VersionError>
+    ) -> Result<Option<DB::Row>, VersionedTableError>
     where
         DB: VersionedBackend,
         K: 'args + Encode<'args, DB> + Type<DB>,
@@ -432,7 +436,7 @@ impl VersionedTable {
         id: K,
         version: Version,
         decode: Option<Decode<DB, R>>,
-    ) -> Result<Option<R>, VersionError>
+    ) -> Result<Option<R>, VersionedTableError>
     where
         DB: VersionedBackend,
         K: 'args + Encode<'args, DB> + Type<DB>,
@@ -445,26 +449,33 @@ impl VersionedTable {
         }
     }
 
-    fn version_of<DB: VersionedBackend>(&self, row: &DB::Row) -> Result<Version, VersionError> {
+    fn version_of<DB: VersionedBackend>(
+        &self,
+        row: &DB::Row,
+    ) -> Result<Version, VersionedTableError> {
         DB::get_i64(row, self.version.as_str())
             .map(Version::new)
-            .map_err(|source| VersionError::VersionColumn {
+            .map_err(|source| VersionedTableError::VersionColumn {
                 table: self.table.to_string(),
                 column: self.version.to_string(),
                 source,
             })
     }
 
-    fn version_overflow(&self, value: u64) -> VersionError {
-        VersionError::VersionColumn {
+    fn version_overflow(&self, value: u64) -> VersionedTableError {
+        VersionedTableError::VersionColumn {
             table: self.table.to_string(),
             column: self.version.to_string(),
             source: sqlx::Error::Decode(format!("version {value} does not fit in a BIGINT").into()),
         }
     }
 
-    fn bind_error(&self, column: &ColumnName, source: sqlx::error::BoxDynError) -> VersionError {
-        VersionError::Bind {
+    fn bind_error(
+        &self,
+        column: &ColumnName,
+        source: sqlx::error::BoxDynError,
+    ) -> VersionedTableError {
+        VersionedTableError::Bind {
             column: column.to_string(),
             source,
         }
@@ -479,7 +490,7 @@ impl VersionedTable {
 pub async fn commit_if_updated<DB: VersionedBackend, R>(
     tx: Transaction<'_, DB>,
     outcome: VersionedUpdate<R>,
-) -> Result<VersionedUpdate<R>, VersionError> {
+) -> Result<VersionedUpdate<R>, VersionedTableError> {
     if !outcome.is_updated() {
         tx.rollback()
             .await
@@ -495,7 +506,7 @@ pub async fn commit_if_updated<DB: VersionedBackend, R>(
 async fn acquire<'c, DB: VersionedBackend, A: Acquire<'c, Database = DB>>(
     conn: A,
     operation: &'static str,
-) -> Result<A::Connection, VersionError> {
+) -> Result<A::Connection, VersionedTableError> {
     conn.acquire()
         .await
         .map_err(|e| database::<DB>(operation, e))
@@ -504,7 +515,7 @@ async fn acquire<'c, DB: VersionedBackend, A: Acquire<'c, Database = DB>>(
 fn decode_row<DB: VersionedBackend, R>(
     decode: Option<Decode<DB, R>>,
     row: &DB::Row,
-) -> Result<Option<R>, VersionError> {
+) -> Result<Option<R>, VersionedTableError> {
     decode
         .map(|decode| decode(row))
         .transpose()
@@ -516,7 +527,7 @@ fn decode_row<DB: VersionedBackend, R>(
 fn aborted<DB: VersionedBackend, R>(
     operation: &'static str,
     error: sqlx::Error,
-) -> Result<VersionedUpdate<R>, VersionError> {
+) -> Result<VersionedUpdate<R>, VersionedTableError> {
     match conflict_reason::<DB>(&error) {
         Some(reason) => {
             tracing::debug!(%error, ?reason, "versioned {operation} aborted by the database; reporting a conflict");
@@ -530,8 +541,11 @@ fn aborted<DB: VersionedBackend, R>(
     }
 }
 
-fn database<DB: VersionedBackend>(operation: &'static str, source: sqlx::Error) -> VersionError {
-    VersionError::Database {
+fn database<DB: VersionedBackend>(
+    operation: &'static str,
+    source: sqlx::Error,
+) -> VersionedTableError {
+    VersionedTableError::Database {
         backend: <DB as sqlx::Database>::NAME,
         operation,
         source,
