@@ -15,10 +15,12 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// use tower_idempotency::problem::Problem;
 /// let response = Problem::new(StatusCode::CONFLICT, "urn:example:conflict", "Conflict")
 ///     .detail("try again later")
-///     .into_response();
+///     .into_http_response();
 /// assert_eq!(response.status(), StatusCode::CONFLICT);
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
 /// ```
+///
+/// With the `axum` feature it is also an axum `IntoResponse`, so a handler can return it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
     #[serde(rename = "type")]
@@ -64,13 +66,20 @@ impl Problem {
     }
 
     /// A response with the status, `Content-Type: application/problem+json` and the JSON body.
-    pub fn into_response(self) -> Response<Bytes> {
+    pub fn into_http_response(self) -> Response<Bytes> {
         let mut response = Response::new(self.to_json());
         *response.status_mut() = self.status;
         response
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         response
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for Problem {
+    fn into_response(self) -> axum_core::response::Response {
+        self.into_http_response().map(axum_core::body::Body::from)
     }
 }
 

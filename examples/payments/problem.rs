@@ -5,75 +5,63 @@ use http::StatusCode;
 use tower_idempotency::{problem::Problem, DoNotStore};
 
 pub fn not_found(id: &str) -> Response {
-    respond(
-        Problem::new(
-            StatusCode::NOT_FOUND,
-            "urn:payments:not-found",
-            "Payment not found",
-        )
-        .detail(format!("no payment with id {id:?}")),
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "urn:payments:not-found",
+        "Payment not found",
     )
+    .detail(format!("no payment with id {id:?}"))
+    .into_response()
 }
 
 /// 422 for a body that is not a valid charge. Marked `DoNotStore`: nothing happened, so the
 /// client may fix the body and resend it under the same key.
 pub fn invalid_body(detail: impl Into<String>) -> Response {
-    let mut response = respond(
-        Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "urn:payments:invalid-body",
-            "Invalid payment",
-        )
-        .detail(detail),
-    );
+    let mut response = Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "urn:payments:invalid-body",
+        "Invalid payment",
+    )
+    .detail(detail)
+    .into_response();
     response.extensions_mut().insert(DoNotStore);
     response
 }
 
 /// The flaky processor of `PAYMENTS_FAIL_FIRST`.
 pub fn processor_unavailable() -> Response {
-    respond(
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "urn:payments:processor-unavailable",
-            "Payment processor unavailable",
-        )
-        .detail("the card processor did not answer; nothing was charged, retry with the same key"),
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:payments:processor-unavailable",
+        "Payment processor unavailable",
     )
+    .detail("the card processor did not answer; nothing was charged, retry with the same key")
+    .into_response()
 }
 
 pub fn internal(error: impl std::fmt::Display) -> Response {
     tracing::error!(%error, "payments storage failed");
-    respond(
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "urn:payments:internal",
-            "Internal error",
-        )
-        .detail("the payment could not be read or written; retry with the same key"),
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "urn:payments:internal",
+        "Internal error",
     )
+    .detail("the payment could not be read or written; retry with the same key")
+    .into_response()
 }
 
 /// 401 for a POST or PATCH without `Authorization`: every operation belongs to a caller.
 pub fn unauthorized() -> Response {
-    let mut response = respond(
-        Problem::new(
-            StatusCode::UNAUTHORIZED,
-            "urn:payments:unauthorized",
-            "Caller identity required",
-        )
-        .detail("send an Authorization header (e.g. `Bearer alice`); nothing was recorded"),
-    );
+    let mut response = Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "urn:payments:unauthorized",
+        "Caller identity required",
+    )
+    .detail("send an Authorization header (e.g. `Bearer alice`); nothing was recorded")
+    .into_response();
     response.headers_mut().insert(
         http::header::WWW_AUTHENTICATE,
         http::HeaderValue::from_static("Bearer"),
     );
     response
-}
-
-pub fn respond(problem: Problem) -> Response {
-    problem
-        .into_response()
-        .map(axum::body::Body::from)
-        .into_response()
 }

@@ -84,7 +84,7 @@ impl Default for Config {
             detach: true,
             detached: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             max_handler_lifetime: Duration::from_secs(60),
-            rejection: Arc::new(Rejection::into_response),
+            rejection: Arc::new(Rejection::into_http_response),
         }
     }
 }

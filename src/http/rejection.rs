@@ -9,7 +9,8 @@ use super::key::InvalidKey;
 use crate::problem::Problem;
 
 /// Why the layer answered by itself. Rendered as RFC 9457 problem details by
-/// [`Rejection::into_response`]; replace the rendering with
+/// [`Rejection::into_http_response`] (and, with the `axum` feature, axum's `IntoResponse`);
+/// replace the rendering with
 /// [`IdempotencyLayer::on_rejection`](super::IdempotencyLayer::on_rejection).
 ///
 /// | rejection | status | `type` |
@@ -27,57 +28,72 @@ use crate::problem::Problem;
 /// | [`ResponseBodyFailed`](Self::ResponseBodyFailed) | 500 | `urn:tower-idempotency:response-body-failed` |
 /// | [`NotCommitted`](Self::NotCommitted) | 503 + `Retry-After` | `urn:tower-idempotency:not-committed` |
 /// | [`TransactionHeld`](Self::TransactionHeld) | 500 | `urn:tower-idempotency:transaction-held` |
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Rejection {
     /// The route requires an idempotency key and the request has none.
+    #[error("the route requires an Idempotency-Key header and the request has none")]
     MissingKey,
     /// The key header is malformed.
+    #[error("the Idempotency-Key header is malformed: {0}")]
     InvalidKey(InvalidKey),
     /// The request has a key but no caller identity to scope it by (no `Authorization`
     /// header, with the default scope), and the layer does not allow a shared anonymous
     /// scope. Nothing was run or looked up.
+    #[error("the request has an idempotency key but no caller identity to scope it by")]
     MissingIdentity,
     /// The request body could not be read (the client went away mid-upload, ...).
+    #[error("the request body could not be read")]
     BodyUnreadable,
     /// The request body is over the fingerprint limit; nothing was run.
+    #[error("the request body is over the {limit}-byte fingerprint limit; nothing was run")]
     BodyTooLarge {
         /// The limit in bytes.
         limit: usize,
     },
     /// The key was first used with a different request.
+    #[error("the idempotency key was first used with a different request")]
     KeyReused,
     /// The first request with this key is still running.
+    #[error(
+        "the first request with this idempotency key is still running; retry after {retry_after:?}"
+    )]
     InProgress {
         /// Suggested delay before retrying.
         retry_after: Duration,
     },
     /// The first request with this key completed with `status`, but its response was over the
     /// storage limit, so it cannot be replayed. The operation is NOT run again.
+    #[error("the first request with this idempotency key completed with {status}, but its response was too large to store; it is not run again")]
     ResponseNotStored {
         /// The original response's status.
         status: StatusCode,
     },
     /// The idempotency store is unreachable; nothing was run.
+    #[error("the idempotency store is unavailable; nothing was run: retry after {retry_after:?}")]
     StoreUnavailable {
         /// Suggested delay before retrying.
         retry_after: Duration,
     },
     /// The inner service panicked; its claim was released, so a retry runs it again.
+    #[error("the handler panicked; its claim was released, so a retry runs it again")]
     HandlerPanicked,
     /// The inner service's response body failed while being read; its claim was released.
     /// The layer itself no longer answers with it: responses stream through to their caller,
     /// so a body that fails mid-stream reaches the caller as a broken body (and the key is
     /// released). Kept for custom renderers that match on it.
+    #[error("the handler's response body failed; its claim was released")]
     ResponseBodyFailed,
     /// Transactional mode: the handler ran, but its transaction (its writes, the claim and the
     /// response) could not be committed, so nothing of it persists. A retry runs it again.
+    #[error("the handler ran but its transaction could not be committed; nothing persists: retry after {retry_after:?}")]
     NotCommitted {
         /// Suggested delay before retrying.
         retry_after: Duration,
     },
     /// Transactional mode: the handler still held the transaction after it answered (it kept
     /// the guard, or a task it spawned did), so nothing was committed.
+    #[error("the handler still held the transaction after it answered, so nothing was committed")]
     TransactionHeld,
 }
 
@@ -179,9 +195,9 @@ impl Rejection {
     }
 
     /// The default rendering: problem+json, plus `Retry-After` where a retry can cure it.
-    pub fn into_response(self) -> Response<Bytes> {
+    pub fn into_http_response(self) -> Response<Bytes> {
         let retry_after = self.retry_after();
-        let mut response = self.problem().into_response();
+        let mut response = self.problem().into_http_response();
         if let Some(delay) = retry_after {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -200,6 +216,6 @@ fn retry_after_secs(delay: Duration) -> u64 {
 #[cfg(feature = "axum")]
 impl axum_core::response::IntoResponse for Rejection {
     fn into_response(self) -> axum_core::response::Response {
-        Rejection::into_response(self).map(axum_core::body::Body::from)
+        self.into_http_response().map(axum_core::body::Body::from)
     }
 }

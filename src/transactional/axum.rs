@@ -66,10 +66,7 @@ impl IntoResponse for TxRejection {
             ),
         };
         let retry = matches!(self, TxRejection::Unavailable(_));
-        let mut response = problem
-            .detail(self.to_string())
-            .into_response()
-            .map(axum_core::body::Body::from);
+        let mut response = problem.detail(self.to_string()).into_response();
         if retry {
             response
                 .headers_mut()

@@ -55,7 +55,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RequireIfMatch {
 
 impl IntoResponse for PreconditionRejection {
     fn into_response(self) -> Response {
-        PreconditionRejection::into_http_response(self).map(axum_core::body::Body::from)
+        self.into_http_response().map(axum_core::body::Body::from)
     }
 }
 

@@ -88,7 +88,7 @@ impl PreconditionRejection {
     /// The response: status, `ETag` header when known, problem+json body (none for 304).
     pub fn into_http_response(self) -> Response<Bytes> {
         let mut response = match self.problem() {
-            Some(problem) => problem.into_response(),
+            Some(problem) => problem.into_http_response(),
             None => {
                 let mut response = Response::new(Bytes::new());
                 *response.status_mut() = self.status();
