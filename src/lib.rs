@@ -8,6 +8,8 @@
 #![warn(missing_docs)]
 
 pub mod broker;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod engine;
 pub mod http;
 #[cfg(feature = "sqlx")]

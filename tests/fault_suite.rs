@@ -13,7 +13,7 @@
 //! Without `TEST_POSTGRES_URL` / `TEST_MYSQL_URL` / `TEST_REDIS_URL` those backends are
 //! skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`.
 
-#[path = "support/backends.rs"]
+#[path = "common/backends.rs"]
 mod backends;
 mod common;
 

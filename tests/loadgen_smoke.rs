@@ -3,7 +3,7 @@
 //! FAILS when the layer is off — so the verdict `scripts/bench` relies on can tell the
 //! difference — and its If-Match storm finds exactly one winner per version.
 //!
-//! Both binaries are built on demand (`tests/support/example_binary.rs`), so this runs the
+//! Both binaries are built on demand (`tests/common/example_binary.rs`), so this runs the
 //! same under `cargo test` and `cargo test --test loadgen_smoke` on a fresh clone.
 
 mod process;

@@ -11,7 +11,7 @@
     feature = "axum"
 ))]
 
-#[path = "support/backends.rs"]
+#[path = "common/backends.rs"]
 mod backends;
 
 use std::{

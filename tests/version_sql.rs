@@ -23,7 +23,7 @@ struct Payment {
     version: i64,
 }
 
-#[path = "support/backends.rs"]
+#[path = "common/backends.rs"]
 mod backends;
 use backends::url_or_skip as url;
 

@@ -1,7 +1,7 @@
 //! Runs the `payments` example as a real process and talks to it over HTTP.
 //!
 //! The binary is built on demand by the first test that starts one (see
-//! `tests/support/example_binary.rs`), so any `cargo test` invocation finds it fresh.
+//! `tests/common/example_binary.rs`), so any `cargo test` invocation finds it fresh.
 #![allow(dead_code)]
 
 pub mod shared;
@@ -57,7 +57,7 @@ pub fn unique() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-#[path = "../support/example_binary.rs"]
+#[path = "../common/example_binary.rs"]
 mod example_binary;
 pub use example_binary::example_binary;
 

@@ -15,7 +15,7 @@ use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use super::unique;
 
-#[path = "../support/backends.rs"]
+#[path = "../common/backends.rs"]
 mod backends;
 use backends::reachable;
 #[allow(unused_imports)] // each test binary uses a different part
