@@ -1,5 +1,5 @@
 //! `receipts`: consumes `payment.created` events and writes one receipt per payment, through
-//! the inbox, on RabbitMQ or NATS JetStream. The contract is `shared/pipeline-example.md`.
+//! the inbox, on RabbitMQ or NATS JetStream.
 //!
 //! ```text
 //! DATABASE_URL=postgres://root@127.0.0.1/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f \

@@ -2,7 +2,8 @@
 
 use std::{str::FromStr, time::Duration};
 
-/// See `shared/payments-example.md` for each variable.
+/// Every variable, its meaning and its default is listed in the `# Environment` table of
+/// `main.rs`.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub bind: String,

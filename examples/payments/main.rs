@@ -8,13 +8,61 @@
 //!      -d '{"amount": 1200, "currency": "EUR"}'
 //! ```
 //!
-//! The contract (routes, environment, statuses) is in `shared/payments-example.md`; the
-//! environment variables are read in `config.rs`.
+//! # Routes
+//!
+//! - `POST /payments`, body `{"amount": 1..=1000000, "currency": "EUR"}`: creates a charge.
+//!   `Idempotency-Key` is required (400 without it or when malformed) and scoped per caller,
+//!   named by `Authorization` (401 without it; nothing is recorded). `201` with the payment
+//!   (`"status": "pending", "version": 1`), a strong `ETag` and `Location`. The same key again
+//!   gets the identical response, whether the first request finished or is still running (it
+//!   waits and replays); the same key with another body gets 422. An invalid body gets 422
+//!   and records nothing, so it may be fixed and resent under the same key. Each run of the
+//!   handler inserts one charge row with no unique constraint on the key: the layer alone
+//!   prevents doubles.
+//! - `GET /payments/{id}`: `200` with the payment and its `ETag`, or `404`.
+//! - `PATCH /payments/{id}`, body `{"status": "paid" | "refunded" | "failed"}`: `If-Match` is
+//!   required (428 without it); a stale or non-matching tag gets 412 with the current `ETag`;
+//!   success is `200` with the new version. One conditional update, no read first. An
+//!   `Idempotency-Key` is optional here; with one, a retry replays the first answer.
+//! - `GET /stats`: `{"charges": n}`, the charge rows in this database (or process).
+//!
+//! Errors are RFC 9457 `application/problem+json`.
+//!
+//! # Environment
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `BIND` | address to listen on | `127.0.0.1:3000` |
+//! | `DATABASE_URL` | `postgres://`, `mysql://` or `sqlite://`: holds the payments AND the idempotency records, so processes sharing it act as one service | in-memory |
+//! | `REDIS_URL` / `REDIS_CLUSTER_URLS` | keep the idempotency records in Redis (several comma-separated nodes name a cluster) | unset |
+//! | `REDIS_REPLICA_WAIT_MS` | wait this long for one replica to acknowledge each claim | off |
+//! | `IDEMPOTENCY_MODE` | `transactional`: claim, charge and stored response commit in ONE transaction (SQL `DATABASE_URL`, no Redis); `separate`: claim and completion are their own store calls | `transactional` with a SQL database and no Redis, else `separate` |
+//! | `IDEMPOTENCY_LEASE_MS` | how long a claim outlives its owner's death | 30000 |
+//! | `IDEMPOTENCY_TTL_SECS` | how long a completed key is remembered | 86400 |
+//! | `IDEMPOTENCY_MEMORY_MB` | byte budget of the in-memory store | the store's default |
+//! | `IDEMPOTENCY_DISABLED` | `1`: no layer at all (a benchmark baseline) | unset |
+//! | `PAYMENTS_HANDLER_DELAY_MS` | sleep before recording a charge (widens race windows) | 0 |
+//! | `PAYMENTS_DELAY_AFTER_CHARGE_MS` | sleep after writing the charge, before answering (and, transactional, before commit) | 0 |
+//! | `PAYMENTS_FAIL_FIRST` | the first N creates answer 503 and record nothing (a flaky processor) | 0 |
+//! | `AMQP_URL` / `NATS_URL` | a broker for `payment.created` events (below) | unset |
+//! | `OUTBOX_RELAY` | `0`: write outbox events but relay them from another process | `1` |
+//!
+//! A bad value stops the process at start with a message naming the variable (`config.rs`).
+//!
+//! # Crashes
+//!
+//! In `transactional` mode a process killed at any instant leaves either nothing (a retry
+//! runs once) or the charge and its stored response (a retry replays it). In `separate` mode
+//! a process killed between the charge and the completion leaves a charge whose key frees up
+//! when the lease ends, and a retry then charges again: that mode is for effects outside the
+//! database.
+//!
+//! # Events
 //!
 //! With `AMQP_URL` or `NATS_URL` (and a SQL `DATABASE_URL`), every new payment also writes a
 //! `payment.created` event to the outbox in the charge's transaction, and the process relays
-//! the outbox to the broker (unless `OUTBOX_RELAY=0`), for `cargo run --example receipts`:
-//! see `events.rs` and `shared/pipeline-example.md`.
+//! the outbox to the broker (unless `OUTBOX_RELAY=0`), for `cargo run --example receipts`
+//! (see `events.rs`).
 //!
 //! ```text
 //! DATABASE_URL=postgres://root@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \

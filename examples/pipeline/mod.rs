@@ -1,6 +1,6 @@
 //! What the `receipts` consumer, the `outbox_relay` and the `payments` service (which
-//! `#[path]`-includes this file) share: the environment, the broker topology of
-//! `shared/pipeline-example.md`, the relay's publisher and the shutdown signal.
+//! `#[path]`-includes this file) share: the environment, the broker topology (below), the
+//! relay's publisher and the shutdown signal.
 //!
 //! `PIPELINE_NAMESPACE` (default empty; letters, digits, `_` and `-`) is appended to every
 //! broker name — exchange `payments<ns>`, queue `receipts<ns>`, stream `PAYMENTS<ns>` on
