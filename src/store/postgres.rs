@@ -442,16 +442,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn module_docs_show_the_default_schema() {
+    fn type_docs_show_the_default_schema() {
         // Users who run their own migrations copy the DDL from the docs: keep it in step.
         let source = include_str!("postgres.rs");
         for line in Statements::new(default_table()).schema.lines() {
-            let documented = format!("//! {line}");
+            let documented = format!("/// {line}");
             assert!(
                 source
                     .lines()
                     .any(|l| l.trim_end() == documented.trim_end()),
-                "module docs lack the schema line {line:?}"
+                "PostgresStore's docs lack the schema line {line:?}"
             );
         }
     }
