@@ -57,8 +57,19 @@ impl PgInbox {
 CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
 "
             ),
+            // One round trip: set the short lock timeout, insert, put the setting back. The
+            // target lists run left to right: `setting` (the FROM) first, then the insert (the
+            // first read of `claimed`), then the restore, so only the insert waits briefly.
             claim: format!(
-                "INSERT INTO {t} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                "WITH setting AS MATERIALIZED (
+                     SELECT current_setting('lock_timeout') AS previous,
+                            set_config('lock_timeout', $3, true)),
+                 claimed AS (
+                     INSERT INTO {t} (consumer, message_id) SELECT $1, $2 FROM setting
+                     ON CONFLICT DO NOTHING RETURNING 1)
+                 SELECT EXISTS (SELECT 1 FROM claimed) AS inserted,
+                        set_config('lock_timeout', previous, true)
+                 FROM setting"
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE ctid IN (
@@ -107,21 +118,15 @@ impl InboxStore for PgInbox {
         consumer: &str,
         message_id: &str,
     ) -> Result<InboxClaim, InboxError> {
-        // The short timeout covers the claim only; the target list is evaluated left to
-        // right, so `previous` is the setting the handler's statements get back.
-        let previous: String = sqlx::query_scalar(
-            "SELECT current_setting('lock_timeout') AS previous, set_config('lock_timeout', $1, true)",
-        )
-        .bind(&self.lock_timeout)
-        .fetch_one(&mut *conn)
-        .await?;
-        let inserted = match sqlx::query(&self.sql.claim)
+        let inserted: bool = match sqlx::query_scalar(&self.sql.claim)
             .bind(consumer)
             .bind(message_id)
-            .execute(&mut *conn)
+            .bind(&self.lock_timeout)
+            .fetch_one(&mut *conn)
             .await
         {
-            Ok(done) => done.rows_affected() == 1,
+            Ok(inserted) => inserted,
+            // The whole statement failed, the restore with it; the transaction is aborted.
             Err(sqlx::Error::Database(error))
                 if error.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
             {
@@ -129,10 +134,6 @@ impl InboxStore for PgInbox {
             }
             Err(error) => return Err(error.into()),
         };
-        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-            .bind(previous)
-            .execute(&mut *conn)
-            .await?;
         Ok(if inserted {
             InboxClaim::New
         } else {

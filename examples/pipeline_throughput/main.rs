@@ -1,0 +1,129 @@
+//! `pipeline_throughput`: what the outbox relay and the inbox cost, on real PostgreSQL,
+//! RabbitMQ and NATS JetStream (`scripts/bench.d/pipeline.sh` runs it and writes the table).
+//!
+//! ```text
+//! DATABASE_URL=postgres://root@127.0.0.1/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f \
+//!     NATS_URL=nats://127.0.0.1:4222 cargo run --release --example pipeline_throughput
+//! ```
+//!
+//! For each broker set (`AMQP_URL`, `NATS_URL`, at least one):
+//! - relay throughput: `BENCH_PIPELINE_EVENTS` outbox rows (default 20000) committed
+//!   `BENCH_PIPELINE_BATCH` per transaction (default 100) by 4 producers while a relay
+//!   publishes them; events/s from the first commit to the last row marked sent;
+//! - consumer throughput: `BENCH_PIPELINE_MESSAGES` messages (default 5000) per run, with the
+//!   inbox and without, `BENCH_PIPELINE_ROUNDS` rounds of both (default 2, alternating),
+//!   prefetch and concurrency `BENCH_PIPELINE_PREFETCH` (default 8).
+//!
+//! Prints one `key=value` line per figure (`relay ...`, `consume ...`, `consumer ...`) on
+//! stdout. Every table, queue and stream it creates has a name of its own and is dropped.
+
+mod broker;
+mod consume;
+mod relay;
+
+use std::{process::ExitCode, str::FromStr};
+
+use broker::Broker;
+use consume::{Arm, Setup};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,sqlx=error".into()),
+        )
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("pipeline_throughput: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
+    let url = var("DATABASE_URL").ok_or("set DATABASE_URL to a postgres:// URL")?;
+    let events: usize = number("BENCH_PIPELINE_EVENTS", 20_000)?;
+    let batch: usize = number("BENCH_PIPELINE_BATCH", 100)?;
+    let messages: usize = number("BENCH_PIPELINE_MESSAGES", 5_000)?;
+    let rounds: usize = number("BENCH_PIPELINE_ROUNDS", 2)?;
+    let prefetch: u16 = number("BENCH_PIPELINE_PREFETCH", 8)?;
+    let brokers: Vec<Broker> = [
+        var("AMQP_URL").map(Broker::Amqp),
+        var("NATS_URL").map(Broker::Nats),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if brokers.is_empty() {
+        return Err("set AMQP_URL and/or NATS_URL".into());
+    }
+    // Enough connections for the consumer's concurrency and the 4 producers plus the relay.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::from(prefetch).max(6) + 2)
+        .connect(&url)
+        .await?;
+    let run = format!("{:08x}", rand::random::<u32>());
+
+    for broker in &brokers {
+        let label = broker.label();
+        let relayed = relay::measure(&pool, broker, &run, events, batch).await?;
+        println!(
+            "relay broker={label} events={events} batch={batch} produced_s={:.3} relayed_s={:.3} rate={:.0}",
+            relayed.produced,
+            relayed.relayed,
+            events as f64 / relayed.relayed
+        );
+    }
+    for broker in &brokers {
+        let label = broker.label();
+        let setup = Setup {
+            pool: &pool,
+            broker,
+            run: &run,
+            messages,
+            rounds,
+            prefetch,
+        };
+        let timings = consume::measure(&setup).await?;
+        for (arm, round, seconds) in &timings {
+            println!(
+                "consume broker={label} arm={arm} round={round} messages={messages} seconds={seconds:.3} rate={:.0}",
+                messages as f64 / seconds
+            );
+        }
+        let rate = |which: Arm| {
+            let runs: Vec<f64> = timings
+                .iter()
+                .filter(|(arm, ..)| *arm == which)
+                .map(|(.., s)| *s)
+                .collect();
+            (messages * runs.len()) as f64 / runs.iter().sum::<f64>()
+        };
+        let (plain, inbox) = (rate(Arm::Plain), rate(Arm::Inbox));
+        println!(
+            "consumer broker={label} prefetch={prefetch} plain_rate={plain:.0} inbox_rate={inbox:.0} ratio={:.2}",
+            inbox / plain
+        );
+    }
+    pool.close().await;
+    Ok(())
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn number<T: FromStr>(name: &str, default: T) -> Result<T, String> {
+    match var(name) {
+        None => Ok(default),
+        Some(text) => text
+            .parse()
+            .map_err(|_| format!("{name}={text:?} is not a valid non-negative integer")),
+    }
+}
