@@ -3,9 +3,11 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use sqlx::SqlStr;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
+use crate::store::sql::statement;
 use crate::store::{sql, TableName};
 
 /// SQLSTATE `lock_not_available`: the lock timeout passed.
@@ -31,8 +33,8 @@ pub struct PgInbox {
 struct Statements {
     table: TableName,
     schema: String,
-    claim: String,
-    purge: String,
+    claim: SqlStr,
+    purge: SqlStr,
 }
 
 impl PgInbox {
@@ -57,14 +59,14 @@ impl PgInbox {
 CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
 "
             ),
-            claim: format!(
+            claim: statement(format!(
                 "INSERT INTO {t} (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-            ),
-            purge: format!(
+            )),
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE ctid IN (
                      SELECT ctid FROM {t} WHERE received_at < now() - $1 * interval '1 millisecond'
                      LIMIT $2)"
-            ),
+            )),
             table,
         };
         Ok(Self {
@@ -115,7 +117,7 @@ impl InboxStore for PgInbox {
         .bind(&self.lock_timeout)
         .fetch_one(&mut *conn)
         .await?;
-        let inserted = match sqlx::query(&self.sql.claim)
+        let inserted = match sqlx::query(self.sql.claim.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
@@ -142,7 +144,7 @@ impl InboxStore for PgInbox {
 
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
         let millis = retention.as_millis() as f64;
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(millis)
             .bind(i64::from(limit.max(1)))
             .execute(&self.pool)
