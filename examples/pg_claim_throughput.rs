@@ -110,7 +110,7 @@ async fn run(options: Options) -> Result<(), Error> {
         .build()?;
     store.migrate().await?;
     let result = compare(&options, &pool, &store, &table).await;
-    sqlx::query(&format!("DROP TABLE {table}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
         .execute(&pool)
         .await?;
     result
@@ -257,7 +257,7 @@ impl Plain {
 
     async fn new_key(&self, key: String) -> Result<(), Error> {
         let token = Token::random().to_bytes();
-        let inserted = sqlx::query(&self.insert)
+        let inserted = sqlx::query(sqlx::AssertSqlSafe(self.insert.as_str()))
             .bind("bench")
             .bind(&key)
             .bind(fingerprint().as_bytes().as_slice())
@@ -267,7 +267,7 @@ impl Plain {
         if inserted.rows_affected() != 1 {
             return Err(format!("a new key was not inserted: {key}").into());
         }
-        sqlx::query(&self.update)
+        sqlx::query(sqlx::AssertSqlSafe(self.update.as_str()))
             .bind("bench")
             .bind(&key)
             .bind(token.as_slice())

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod http;
 #[cfg(feature = "sqlx")]
 pub mod inbox;
+pub mod metrics;
 #[cfg(feature = "sqlx")]
 pub mod outbox;
 pub mod problem;

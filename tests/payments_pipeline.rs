@@ -47,7 +47,7 @@ impl Ledger {
     }
 
     async fn ids(&self, sql: &str) -> Vec<String> {
-        sqlx::query_scalar(sql)
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_all(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"))

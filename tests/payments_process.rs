@@ -114,6 +114,35 @@ async fn creates_a_charge_with_etag_location_and_json_then_reads_it() {
 }
 
 #[tokio::test]
+async fn metrics_count_one_executed_and_one_replayed_request() {
+    let server = Launch::new().start().await;
+    server.wait_for_log("listening on").await;
+    let charge = Charge::new(&unique(), "alice");
+    let first = server.charge(&charge).await;
+    let again = server.charge(&charge).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(again.identity(), first.identity(), "the retry is a replay");
+
+    let scraped = server.get("/metrics").await;
+    assert_eq!(scraped.status, StatusCode::OK);
+    let text = String::from_utf8(scraped.body.to_vec()).expect("Prometheus text is UTF-8");
+    let count = |outcome: &str| {
+        let series = format!(
+            "{}{{outcome=\"{outcome}\"}} ",
+            tower_idempotency::metrics::REQUESTS
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .unwrap_or_else(|| panic!("no {series}in:\n{text}"))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(count(tower_idempotency::metrics::EXECUTED), "1");
+    assert_eq!(count(tower_idempotency::metrics::REPLAYED), "1");
+    assert_eq!(server.charges().await, 1);
+}
+
+#[tokio::test]
 async fn a_missing_or_malformed_key_is_400_and_charges_nothing() {
     let server = Launch::new().start().await;
     let charge = Charge::new("unused", "alice");

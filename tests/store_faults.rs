@@ -441,7 +441,7 @@ async fn redis_down_answers_503_without_running_then_recovers() {
     };
     let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
         .expect("TEST_REDIS_URL is not a valid URL");
-    let redis::ConnectionAddr::Tcp(host, port) = info.addr else {
+    let redis::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
         panic!("TEST_REDIS_URL must name a TCP host for the proxy to sit in between");
     };
     let proxy = Proxy::start(&host, port).await;

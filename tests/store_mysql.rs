@@ -84,7 +84,7 @@ async fn concurrent_migrate_creates_one_table() {
             .await
             .unwrap(),
     );
-    sqlx::raw_sql(&format!("DROP TABLE {table}"))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
         .execute(&pool)
         .await
         .unwrap();
@@ -119,12 +119,12 @@ async fn found_rows_makes_an_unchanged_duplicate_look_like_an_insert() {
         store.table()
     );
     let scope = conformance::fresh_scope();
-    let insert = sqlx::query(&sql)
+    let insert = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
         .bind(&scope)
         .execute(store.pool())
         .await
         .unwrap();
-    let unchanged = sqlx::query(&sql)
+    let unchanged = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
         .bind(&scope)
         .execute(store.pool())
         .await

@@ -76,7 +76,7 @@ fn private_table() -> String {
 }
 
 async fn drop_table(pool: &PgPool, table: &str) {
-    sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}"))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
         .execute(pool)
         .await
         .unwrap();
@@ -139,7 +139,7 @@ async fn invalid_table_name_is_a_typed_error_before_any_sql() {
 async fn schema_qualified_table_works() {
     let Some(pool) = pool().await else { return };
     let schema = private_table();
-    sqlx::raw_sql(&format!("CREATE SCHEMA {schema}"))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
         .execute(&pool)
         .await
         .unwrap();
@@ -163,7 +163,7 @@ async fn schema_qualified_table_works() {
     .await
     .unwrap();
     assert!(index.is_some(), "the expiry index lives next to the table");
-    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
         .execute(&pool)
         .await
         .unwrap();
@@ -217,7 +217,7 @@ async fn replay_of_a_completed_key_neither_writes_nor_locks() {
         store.table()
     );
     let version = || {
-        sqlx::query_scalar::<_, String>(&version_sql)
+        sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(version_sql.as_str()))
             .bind(key.scope())
             .bind(key.key())
             .fetch_one(store.pool())
@@ -225,10 +225,10 @@ async fn replay_of_a_completed_key_neither_writes_nor_locks() {
     let before = version().await.unwrap();
 
     let mut locker = store.pool().begin().await.unwrap();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT 1 FROM {} WHERE scope = $1 AND key = $2 FOR UPDATE",
         store.table()
-    ))
+    )))
     .bind(key.scope())
     .bind(key.key())
     .execute(&mut *locker)
@@ -272,10 +272,10 @@ async fn expired_lease_is_taken_over_in_place() {
             .unwrap(),
     );
     // Age the lease on the server side instead of sleeping.
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {} SET expires_at = now() - interval '1 second' WHERE scope = $1 AND key = $2",
         store.table()
-    ))
+    )))
     .bind(key.scope())
     .bind(key.key())
     .execute(store.pool())
@@ -288,10 +288,10 @@ async fn expired_lease_is_taken_over_in_place() {
             .unwrap(),
     );
     assert_ne!(old, new);
-    let stored: Vec<u8> = sqlx::query_scalar(&format!(
+    let stored: Vec<u8> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT token FROM {} WHERE scope = $1 AND key = $2",
         store.table()
-    ))
+    )))
     .bind(key.scope())
     .bind(key.key())
     .fetch_one(store.pool())
@@ -325,7 +325,7 @@ async fn background_purger_deletes_expired_rows() {
     let mut gone = false;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let rows: i64 = sqlx::query_scalar(&rows_sql)
+        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(rows_sql.as_str()))
             .bind(key.scope())
             .bind(key.key())
             .fetch_one(store.pool())

@@ -51,7 +51,7 @@ struct Refused;
 macro_rules! transactional_tests {
     ($db:ty, $store:ident, $conn:ty, insert: $insert:literal, count: $count:literal) => {
         async fn effect(conn: &mut $conn, table: &str, key: &StoreKey) -> Result<(), sqlx::Error> {
-            sqlx::query(&format!($insert, t = table))
+            sqlx::query(sqlx::AssertSqlSafe(format!($insert, t = table)))
                 .bind(format!("{}/{}", key.scope(), key.key()))
                 .execute(&mut *conn)
                 .await
@@ -59,7 +59,7 @@ macro_rules! transactional_tests {
         }
 
         async fn effects(store: &$store, table: &str, key: &StoreKey) -> i64 {
-            sqlx::query_scalar(&format!($count, t = table))
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!($count, t = table)))
                 .bind(format!("{}/{}", key.scope(), key.key()))
                 .fetch_one(store.pool())
                 .await
@@ -70,15 +70,17 @@ macro_rules! transactional_tests {
             let store = open(max).await?;
             store.migrate().await.expect("migrate");
             let table = effects_table();
-            sqlx::query(&format!("CREATE TABLE {table} (k VARCHAR(600) NOT NULL)"))
-                .execute(store.pool())
-                .await
-                .expect("create the effects table");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE TABLE {table} (k VARCHAR(600) NOT NULL)"
+            )))
+            .execute(store.pool())
+            .await
+            .expect("create the effects table");
             Some((store, table))
         }
 
         async fn drop_table(store: &$store, table: &str) {
-            let _ = sqlx::query(&format!("DROP TABLE {table}"))
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}")))
                 .execute(store.pool())
                 .await;
         }
@@ -567,7 +569,9 @@ mod mysql {
         let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
             .fetch_one(&mut *conn)
             .await?;
-        sqlx::query(&format!("KILL {id}")).execute(killer).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+            .execute(killer)
+            .await?;
         Ok(())
     }
 

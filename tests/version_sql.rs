@@ -432,9 +432,9 @@ mod postgres {
             .await
             .unwrap();
         let name = table_name(test);
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE TABLE {name} (id BIGINT PRIMARY KEY, status TEXT NOT NULL, counter BIGINT NOT NULL, version BIGINT NOT NULL)"
-        ))
+        )))
         .execute(&pool)
         .await
         .unwrap();
@@ -443,7 +443,10 @@ mod postgres {
     }
 
     async fn exec(f: &Fixture, sql: &str) {
-        sqlx::query(sql).execute(&f.pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&f.pool)
+            .await
+            .unwrap();
     }
 
     suite!();
@@ -496,7 +499,10 @@ mod postgres {
     }
 
     async fn exec_in(tx: &mut sqlx::Transaction<'_, Db>, sql: &str) {
-        sqlx::query(sql).execute(&mut **tx).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut **tx)
+            .await
+            .unwrap();
     }
 }
 
@@ -524,9 +530,9 @@ mod mysql {
             .await
             .unwrap();
         let name = table_name(test);
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE TABLE {name} (id BIGINT PRIMARY KEY, status VARCHAR(64) NOT NULL, counter BIGINT NOT NULL, version BIGINT NOT NULL) ENGINE=InnoDB"
-        ))
+        )))
         .execute(&pool)
         .await
         .unwrap();
@@ -535,7 +541,10 @@ mod mysql {
     }
 
     async fn exec(f: &Fixture, sql: &str) {
-        sqlx::query(sql).execute(&f.pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&f.pool)
+            .await
+            .unwrap();
     }
 
     suite!();
@@ -631,9 +640,9 @@ mod sqlite {
             .connect_with(options)
             .await
             .unwrap();
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE TABLE {name} (id INTEGER PRIMARY KEY, status TEXT NOT NULL, counter INTEGER NOT NULL, version INTEGER NOT NULL)"
-        ))
+        )))
         .execute(&pool)
         .await
         .unwrap();
@@ -647,7 +656,10 @@ mod sqlite {
     }
 
     async fn exec(f: &Fixture, sql: &str) {
-        sqlx::query(sql).execute(&f.pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&f.pool)
+            .await
+            .unwrap();
     }
 
     suite!();

@@ -120,6 +120,12 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), backends::Error> {
     let config = Config::from_env()?;
+    // The crate records its metrics (requests by outcome, waits, store latency and errors,
+    // claims in flight) through the `metrics` facade; this recorder keeps them for
+    // `GET /metrics` in the Prometheus text format.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the first and only recorder of this process");
     let broker = pipeline::Broker::configured()?;
 
     let backends = backends::connect(&config).await?;
@@ -157,6 +163,10 @@ async fn run() -> Result<(), backends::Error> {
                 .layer(middleware::from_fn(handlers::require_caller)),
         )
         .route("/stats", get(handlers::stats))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
         .with_state(app);
 
     // The events are written whenever a broker is configured; this relay is optional (another

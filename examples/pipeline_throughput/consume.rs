@@ -52,9 +52,9 @@ pub async fn measure(setup: &Setup<'_>) -> Result<Vec<Timing>, BoxError> {
     let name = format!("{}_{}", setup.run, setup.broker.label());
     let effects = format!("bench_effects_{name}");
     let inbox_table = format!("bench_inbox_{name}");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {effects} (seq BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL, amount BIGINT NOT NULL)"
-    ))
+    )))
     .execute(setup.pool)
     .await?;
     let inbox = PgInbox::with_table(setup.pool.clone(), &inbox_table)?;
@@ -98,11 +98,13 @@ pub async fn measure(setup: &Setup<'_>) -> Result<Vec<Timing>, BoxError> {
             }
         }
     }
-    let effect_rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {effects}"))
-        .fetch_one(setup.pool)
-        .await?;
+    let effect_rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {effects}"
+    )))
+    .fetch_one(setup.pool)
+    .await?;
     for table in [&effects, &inbox_table] {
-        sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
             .execute(setup.pool)
             .await?;
     }
@@ -233,7 +235,7 @@ impl Handler<Postgres> for Record {
         let amount = message.payload["amount"]
             .as_i64()
             .ok_or_else(|| HandlerError::Reject("no integer amount".to_owned()))?;
-        sqlx::query(&self.insert[..])
+        sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&self.insert)))
             .bind(&message.id)
             .bind(amount)
             .execute(conn)

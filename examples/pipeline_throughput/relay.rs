@@ -36,7 +36,7 @@ pub async fn measure(
     outbox.migrate().await?;
     let result = relay(pool, &outbox, topology.publisher().await?, events, batch).await;
     topology.clean_up().await;
-    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
         .execute(pool)
         .await?;
     result

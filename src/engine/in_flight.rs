@@ -19,6 +19,7 @@ pub(crate) struct InFlightGuard(Arc<InFlight>);
 impl InFlight {
     pub(crate) fn enter(self: &Arc<Self>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
+        crate::metrics::claims_in_flight(1.0);
         InFlightGuard(self.clone())
     }
 
@@ -42,6 +43,7 @@ impl InFlight {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        crate::metrics::claims_in_flight(-1.0);
         if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.0.idle.notify_waiters();
         }

@@ -278,13 +278,14 @@ impl Engine {
         fingerprint: &Fingerprint,
     ) -> Result<Option<Begin>, EngineError> {
         let claimed_at = Instant::now();
-        let outcome = self
-            .bounded(self.store.claim(key, fingerprint, self.config.lease))
+        let claim = self.bounded(self.store.claim(key, fingerprint, self.config.lease));
+        let outcome = crate::metrics::store_call("claim", claim)
             .await
             .map_err(|source| self.unavailable(key, source))?;
         match outcome {
             ClaimOutcome::Claimed(token) => {
                 tracing::debug!(key = %key.log_id(), "claimed");
+                crate::metrics::request(crate::metrics::EXECUTED);
                 let in_flight = self.in_flight.enter();
                 let claim = Claim::new(
                     self.clone(),
@@ -308,11 +309,13 @@ impl Engine {
     ) -> Result<Option<Begin>, EngineError> {
         if record.fingerprint() != fingerprint {
             tracing::debug!(key = %key.log_id(), "key reused with a different request");
+            crate::metrics::request(crate::metrics::KEY_REUSED);
             return Err(EngineError::FingerprintMismatch);
         }
         match record {
             Record::Completed { payload, .. } => {
                 tracing::debug!(key = %key.log_id(), "replaying stored outcome");
+                crate::metrics::request(crate::metrics::REPLAYED);
                 Ok(Some(Begin::Replay(payload)))
             }
             Record::InProgress { .. } => Ok(None),
@@ -331,6 +334,7 @@ impl Engine {
     ) -> Result<Begin, EngineError> {
         let span = tracing::debug_span!("idempotency.wait", key = %key.log_id());
         let _entered = span.enter();
+        let _wait = crate::metrics::Wait::start();
         let deadline = Instant::now() + timeout;
         let Some(mut subscription) =
             self.waiters
@@ -374,7 +378,8 @@ impl Engine {
         let (engine, key) = (&self, &key);
         watch
             .poll(self.config.poll, move || async move {
-                match engine.bounded(engine.store.lookup(key)).await {
+                let lookup = engine.bounded(engine.store.lookup(key));
+                match crate::metrics::store_call("lookup", lookup).await {
                     Ok(Some(record)) => Seen::Record(record),
                     Ok(None) => Seen::Absent,
                     Err(error) => Seen::Failed(Arc::new(error)),
@@ -384,6 +389,7 @@ impl Engine {
     }
 
     pub(crate) fn still_running(&self) -> EngineError {
+        crate::metrics::request(crate::metrics::IN_PROGRESS);
         EngineError::InProgress {
             retry_after: self.config.retry_after,
         }
@@ -391,6 +397,7 @@ impl Engine {
 
     pub(crate) fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
         tracing::warn!(key = %key.log_id(), error = %source, "idempotency store unavailable");
+        crate::metrics::request(crate::metrics::STORE_UNAVAILABLE);
         EngineError::Store {
             retry_after: self.config.retry_after,
             source,
@@ -411,7 +418,7 @@ impl Engine {
     {
         let mut attempt = 0;
         loop {
-            match self.bounded(write()).await {
+            match crate::metrics::store_call(what, self.bounded(write())).await {
                 Ok(()) => return Ok(()),
                 Err(StoreError::StaleToken) => {
                     tracing::error!(key = %key.log_id(), what, "fenced write refused: the lease ran out and the key was taken over");

@@ -173,6 +173,7 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
 }
 
 pub(super) fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
+    crate::metrics::http_rejection(&rejection);
     (config.rejection)(rejection).map(body::full)
 }
 

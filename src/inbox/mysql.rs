@@ -3,10 +3,11 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use sqlx::SqlStr;
 use sqlx::{mysql::MySqlDatabaseError, MySql, MySqlConnection, MySqlPool};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::sql::TableName;
+use crate::sql::{statement, TableName};
 
 /// InnoDB's "Lock wait timeout exceeded".
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -36,8 +37,8 @@ pub struct MySqlInbox {
 
 struct Statements {
     schema: String,
-    claim: String,
-    purge: String,
+    claim: SqlStr,
+    purge: SqlStr,
 }
 
 impl MySqlInbox {
@@ -61,11 +62,11 @@ impl MySqlInbox {
     INDEX {index} (received_at)
 ) ENGINE = InnoDB"
             ),
-            claim: format!("INSERT IGNORE INTO {t} (consumer, message_id) VALUES (?, ?)"),
-            purge: format!(
+            claim: statement(format!("INSERT IGNORE INTO {t} (consumer, message_id) VALUES (?, ?)")),
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, CURRENT_TIMESTAMP(6))
                  ORDER BY received_at LIMIT ?"
-            ),
+            )),
         };
         Ok(Self {
             pool,
@@ -82,7 +83,9 @@ impl MySqlInbox {
 
     /// Creates the table if it does not exist.
     pub async fn migrate(&self) -> Result<(), InboxError> {
-        sqlx::query(&self.sql.schema).execute(&self.pool).await?;
+        sqlx::query(sqlx::AssertSqlSafe(self.sql.schema.as_str()))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -113,7 +116,7 @@ impl InboxStore for MySqlInbox {
             .bind(self.lock_wait_secs)
             .execute(&mut *conn)
             .await?;
-        let claimed = sqlx::query(&self.sql.claim)
+        let claimed = sqlx::query(self.sql.claim.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(&mut *conn)
@@ -139,7 +142,7 @@ impl InboxStore for MySqlInbox {
 
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
         let micros = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(micros)
             .bind(limit.max(1))
             .execute(&self.pool)

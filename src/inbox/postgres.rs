@@ -3,10 +3,11 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use sqlx::SqlStr;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::sql::{self, TableName};
+use crate::sql::{self, statement, TableName};
 
 /// SQLSTATE `lock_not_available`: the lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -31,8 +32,8 @@ pub struct PgInbox {
 struct Statements {
     table: TableName,
     schema: String,
-    claim: String,
-    purge: String,
+    claim: SqlStr,
+    purge: SqlStr,
 }
 
 impl PgInbox {
@@ -60,7 +61,7 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
             // One round trip: set the short lock timeout, insert, put the setting back. The
             // target lists run left to right: `setting` (the FROM) first, then the insert (the
             // first read of `claimed`), then the restore, so only the insert waits briefly.
-            claim: format!(
+            claim: statement(format!(
                 "WITH setting AS MATERIALIZED (
                      SELECT current_setting('lock_timeout') AS previous,
                             set_config('lock_timeout', $3, true)),
@@ -70,12 +71,12 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
                  SELECT EXISTS (SELECT 1 FROM claimed) AS inserted,
                         set_config('lock_timeout', previous, true)
                  FROM setting"
-            ),
-            purge: format!(
+            )),
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE ctid IN (
                      SELECT ctid FROM {t} WHERE received_at < now() - $1 * interval '1 millisecond'
                      LIMIT $2)"
-            ),
+            )),
             table,
         };
         Ok(Self {
@@ -118,7 +119,7 @@ impl InboxStore for PgInbox {
         consumer: &str,
         message_id: &str,
     ) -> Result<InboxClaim, InboxError> {
-        let inserted: bool = match sqlx::query_scalar(&self.sql.claim)
+        let inserted: bool = match sqlx::query_scalar(self.sql.claim.clone())
             .bind(consumer)
             .bind(message_id)
             .bind(&self.lock_timeout)
@@ -143,7 +144,7 @@ impl InboxStore for PgInbox {
 
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
         let millis = retention.as_millis() as f64;
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(millis)
             .bind(i64::from(limit.max(1)))
             .execute(&self.pool)

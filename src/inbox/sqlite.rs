@@ -3,10 +3,12 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use sqlx::SqlStr;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::{sql::TableName, store::sqlite::NOW_MS};
+use crate::sql::{statement, TableName};
+use crate::store::sqlite::NOW_MS;
 
 /// SQLITE_BUSY and its extended codes (RECOVERY, SNAPSHOT, TIMEOUT).
 const BUSY: [&str; 4] = ["5", "261", "517", "773"];
@@ -25,8 +27,8 @@ pub struct SqliteInbox {
 
 struct Statements {
     schema: Vec<String>,
-    claim: String,
-    purge: String,
+    claim: SqlStr,
+    purge: SqlStr,
 }
 
 impl SqliteInbox {
@@ -52,13 +54,13 @@ impl SqliteInbox {
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at)"),
             ],
-            claim: format!(
+            claim: statement(format!(
                 "INSERT OR IGNORE INTO {t} (consumer, message_id, received_at) VALUES (?1, ?2, {NOW_MS})"
-            ),
-            purge: format!(
+            )),
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE rowid IN (
                      SELECT rowid FROM {t} WHERE received_at < {NOW_MS} - ?1 LIMIT ?2)"
-            ),
+            )),
         };
         Ok(Self {
             pool,
@@ -69,7 +71,9 @@ impl SqliteInbox {
     /// Creates the table and its index if they do not exist.
     pub async fn migrate(&self) -> Result<(), InboxError> {
         for statement in &self.sql.schema {
-            sqlx::query(statement).execute(&self.pool).await?;
+            sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+                .execute(&self.pool)
+                .await?;
         }
         Ok(())
     }
@@ -94,7 +98,7 @@ impl InboxStore for SqliteInbox {
         consumer: &str,
         message_id: &str,
     ) -> Result<InboxClaim, InboxError> {
-        match sqlx::query(&self.sql.claim)
+        match sqlx::query(self.sql.claim.clone())
             .bind(consumer)
             .bind(message_id)
             .execute(conn)
@@ -115,7 +119,7 @@ impl InboxStore for SqliteInbox {
 
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
         let millis = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(millis)
             .bind(limit.max(1))
             .execute(&self.pool)

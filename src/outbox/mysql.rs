@@ -3,11 +3,12 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use sqlx::SqlStr;
 use sqlx::{MySqlConnection, MySqlPool};
 
 use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::sql::TableName;
+use crate::sql::{statement, TableName};
 
 /// The outbox table on MySQL or MariaDB. Clones share the pool. Relays poll (MySQL has no
 /// `LISTEN`); set [`RelayConfig::poll_interval`](super::RelayConfig::poll_interval) to the
@@ -32,11 +33,11 @@ pub struct MySqlOutbox {
 
 struct Statements {
     schema: String,
-    enqueue: String,
-    take: String,
+    enqueue: SqlStr,
+    take: SqlStr,
     mark: String,
-    purge: String,
-    unsent: String,
+    purge: SqlStr,
+    unsent: SqlStr,
 }
 
 impl MySqlOutbox {
@@ -62,18 +63,20 @@ impl MySqlOutbox {
     INDEX {index} (sent_at, seq)
 ) ENGINE = InnoDB"
             ),
-            enqueue: format!("INSERT INTO {t} (id, topic, payload) VALUES (?, ?, ?)"),
-            take: format!(
+            enqueue: statement(format!(
+                "INSERT INTO {t} (id, topic, payload) VALUES (?, ?, ?)"
+            )),
+            take: statement(format!(
                 "SELECT seq, id, topic, payload FROM {t} WHERE sent_at IS NULL
                  ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED"
-            ),
+            )),
             // Followed by `(?, ?, ...)`, one placeholder per row.
             mark: format!("UPDATE {t} SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN "),
-            purge: format!(
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE sent_at < TIMESTAMPADD(MICROSECOND, -?, CURRENT_TIMESTAMP(6))
                  ORDER BY sent_at LIMIT ?"
-            ),
-            unsent: format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL"),
+            )),
+            unsent: statement(format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL")),
         };
         Ok(Self {
             pool,
@@ -83,7 +86,9 @@ impl MySqlOutbox {
 
     /// Creates the table if it does not exist. Never touches `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        sqlx::query(&self.sql.schema).execute(&self.pool).await?;
+        sqlx::query(sqlx::AssertSqlSafe(self.sql.schema.as_str()))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -98,7 +103,7 @@ impl MySqlOutbox {
         conn: &mut MySqlConnection,
         event: &NewEvent,
     ) -> Result<(), OutboxError> {
-        sqlx::query(&self.sql.enqueue)
+        sqlx::query(self.sql.enqueue.clone())
             .bind(&event.id)
             .bind(&event.topic)
             .bind(&event.payload)
@@ -123,7 +128,7 @@ impl OutboxSource for MySqlOutbox {
             .execute(&mut *conn)
             .await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        let rows = sqlx::query(&self.sql.take)
+        let rows = sqlx::query(self.sql.take.clone())
             .bind(limit.max(1))
             .fetch_all(&mut *tx)
             .await?;
@@ -135,7 +140,7 @@ impl OutboxSource for MySqlOutbox {
 
     async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
         let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(micros)
             .bind(limit.max(1))
             .execute(&self.pool)
@@ -144,7 +149,7 @@ impl OutboxSource for MySqlOutbox {
     }
 
     async fn unsent(&self) -> Result<u64, OutboxError> {
-        let n: i64 = sqlx::query_scalar(&self.sql.unsent)
+        let n: i64 = sqlx::query_scalar(self.sql.unsent.clone())
             .fetch_one(&self.pool)
             .await?;
         Ok(count(n))

@@ -3,12 +3,13 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use sqlx::SqlStr;
 use sqlx::{postgres::PgListener, PgConnection, PgPool};
 use tokio::sync::Notify;
 
 use super::{count, decode_batch, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::sql::{self, TableName};
+use crate::sql::{self, statement, TableName};
 
 /// The outbox table on PostgreSQL. Clones share the pool.
 ///
@@ -34,11 +35,11 @@ struct Statements {
     table: TableName,
     channel: String,
     schema: String,
-    enqueue: String,
-    take: String,
-    mark: String,
-    purge: String,
-    unsent: String,
+    enqueue: SqlStr,
+    take: SqlStr,
+    mark: SqlStr,
+    purge: SqlStr,
+    unsent: SqlStr,
 }
 
 impl PgOutbox {
@@ -69,21 +70,21 @@ CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL
 "
             ),
             // NOTIFY is transactional: it reaches the relays at commit, and never on rollback.
-            enqueue: format!(
+            enqueue: statement(format!(
                 "WITH row AS (INSERT INTO {t} (id, topic, payload) VALUES ($1, $2, $3) RETURNING seq)
                  SELECT pg_notify($4, '') FROM row"
-            ),
-            take: format!(
+            )),
+            take: statement(format!(
                 "SELECT seq, id, topic, payload FROM {t} WHERE sent_at IS NULL
                  ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED"
-            ),
-            mark: format!("UPDATE {t} SET sent_at = now() WHERE seq = ANY($1)"),
-            purge: format!(
+            )),
+            mark: statement(format!("UPDATE {t} SET sent_at = now() WHERE seq = ANY($1)")),
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t} WHERE sent_at < now() - $1 * interval '1 millisecond'
                      LIMIT $2)"
-            ),
-            unsent: format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL"),
+            )),
+            unsent: statement(format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL")),
             table,
         };
         Ok(Self {
@@ -116,7 +117,7 @@ CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL
         conn: &mut PgConnection,
         event: &NewEvent,
     ) -> Result<(), OutboxError> {
-        sqlx::query(&self.sql.enqueue)
+        sqlx::query(self.sql.enqueue.clone())
             .bind(&event.id)
             .bind(&event.topic)
             .bind(&event.payload)
@@ -135,7 +136,7 @@ impl OutboxSource for PgOutbox {
         limit: u32,
     ) -> Result<usize, OutboxError> {
         let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(&self.sql.take)
+        let rows = sqlx::query(self.sql.take.clone())
             .bind(i64::from(limit.max(1)))
             .fetch_all(&mut *tx)
             .await?;
@@ -146,7 +147,7 @@ impl OutboxSource for PgOutbox {
         // The row locks are held across the publish: another relay skips these rows instead
         // of publishing them too. A crash from here to the commit leaves them unsent.
         publisher.publish_confirmed(&messages).await?;
-        sqlx::query(&self.sql.mark)
+        sqlx::query(self.sql.mark.clone())
             .bind(&seqs)
             .execute(&mut *tx)
             .await?;
@@ -156,7 +157,7 @@ impl OutboxSource for PgOutbox {
 
     async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
         let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(millis as f64)
             .bind(i64::from(limit.max(1)))
             .execute(&self.pool)
@@ -165,7 +166,7 @@ impl OutboxSource for PgOutbox {
     }
 
     async fn unsent(&self) -> Result<u64, OutboxError> {
-        let n: i64 = sqlx::query_scalar(&self.sql.unsent)
+        let n: i64 = sqlx::query_scalar(self.sql.unsent.clone())
             .fetch_one(&self.pool)
             .await?;
         Ok(count(n))

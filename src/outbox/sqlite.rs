@@ -3,11 +3,13 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
+use sqlx::SqlStr;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::{sql::TableName, store::sqlite::NOW_MS};
+use crate::sql::{statement, TableName};
+use crate::store::sqlite::NOW_MS;
 
 /// The outbox table on SQLite. Clones share the pool.
 ///
@@ -23,11 +25,11 @@ pub struct SqliteOutbox {
 
 struct Statements {
     schema: Vec<String>,
-    enqueue: String,
-    take: String,
+    enqueue: SqlStr,
+    take: SqlStr,
     mark: String,
-    purge: String,
-    unsent: String,
+    purge: SqlStr,
+    unsent: SqlStr,
 }
 
 impl SqliteOutbox {
@@ -55,19 +57,19 @@ impl SqliteOutbox {
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (sent_at, seq)"),
             ],
-            enqueue: format!(
+            enqueue: statement(format!(
                 "INSERT INTO {t} (id, topic, payload, created_at) VALUES (?1, ?2, ?3, {NOW_MS})"
-            ),
-            take: format!(
+            )),
+            take: statement(format!(
                 "SELECT seq, id, topic, payload FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT ?1"
-            ),
+            )),
             // Followed by `(?, ?, ...)`, one placeholder per row.
             mark: format!("UPDATE {t} SET sent_at = {NOW_MS} WHERE seq IN "),
-            purge: format!(
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t} WHERE sent_at < {NOW_MS} - ?1 LIMIT ?2)"
-            ),
-            unsent: format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL"),
+            )),
+            unsent: statement(format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL")),
         };
         Ok(Self {
             pool,
@@ -80,7 +82,9 @@ impl SqliteOutbox {
         // Separate autocommit statements, as the SQLite store does: each waits for the write
         // lock on its own, and IF NOT EXISTS makes a concurrent repeat a no-op.
         for statement in &self.sql.schema {
-            sqlx::query(statement).execute(&self.pool).await?;
+            sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+                .execute(&self.pool)
+                .await?;
         }
         Ok(())
     }
@@ -96,7 +100,7 @@ impl SqliteOutbox {
         conn: &mut SqliteConnection,
         event: &NewEvent,
     ) -> Result<(), OutboxError> {
-        sqlx::query(&self.sql.enqueue)
+        sqlx::query(self.sql.enqueue.clone())
             .bind(&event.id)
             .bind(&event.topic)
             .bind(&event.payload)
@@ -114,7 +118,7 @@ impl OutboxSource for SqliteOutbox {
         limit: u32,
     ) -> Result<usize, OutboxError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let rows = sqlx::query(&self.sql.take)
+        let rows = sqlx::query(self.sql.take.clone())
             .bind(limit.max(1))
             .fetch_all(&mut *tx)
             .await?;
@@ -126,7 +130,7 @@ impl OutboxSource for SqliteOutbox {
 
     async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
         let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(millis)
             .bind(limit.max(1))
             .execute(&self.pool)
@@ -135,7 +139,7 @@ impl OutboxSource for SqliteOutbox {
     }
 
     async fn unsent(&self) -> Result<u64, OutboxError> {
-        let n: i64 = sqlx::query_scalar(&self.sql.unsent)
+        let n: i64 = sqlx::query_scalar(self.sql.unsent.clone())
             .fetch_one(&self.pool)
             .await?;
         Ok(count(n))

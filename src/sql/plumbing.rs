@@ -23,6 +23,14 @@ pub(crate) fn fenced(rows_affected: u64) -> Result<(), StoreError> {
     }
 }
 
+/// A statement this crate built once (when a store is built) around a validated
+/// [`TableName`](super::TableName), which admits identifiers only, never user data.
+/// Held as an `Arc<str>`, so the clone handed to each query bumps a reference count instead
+/// of copying the text.
+pub(crate) fn statement(sql: String) -> sqlx::SqlStr {
+    sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(std::sync::Arc::<str>::from(sql)))
+}
+
 /// Reads a 16-byte token column.
 #[cfg(feature = "mysql")]
 pub(crate) fn decode_token(
@@ -115,7 +123,8 @@ pub(crate) async fn migrate_postgres(
     // Through `Executor::execute` (a boxed future) rather than `RawSql::execute`, whose
     // generic async fn makes the caller's future fail to be `Send` (rustc's higher-ranked
     // lifetime limitation), so `migrate` could not be spawned.
-    tx.execute(sqlx::raw_sql(schema)).await?;
+    tx.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(schema)))
+        .await?;
     tx.commit().await
 }
 

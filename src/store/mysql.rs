@@ -8,10 +8,11 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
+use sqlx::SqlStr;
 
 use super::{sql_builder::sealed::Assemble, SqlStore, SqlStoreBuilder, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
-use crate::sql::{self, TableName};
+use crate::sql::{self, statement, TableName};
 
 const BACKEND: &str = "mysql";
 const NOW: &str = "UTC_TIMESTAMP(3)";
@@ -91,15 +92,15 @@ pub type MySqlStoreBuilder = SqlStoreBuilder<MySqlStore>;
 struct Statements {
     table: TableName,
     schema: String,
-    claim: String,
-    claim_nowait: String,
-    read: String,
-    probe: String,
-    held: String,
-    renew: String,
-    complete: String,
-    release: String,
-    purge: String,
+    claim: SqlStr,
+    claim_nowait: SqlStr,
+    read: SqlStr,
+    probe: SqlStr,
+    held: SqlStr,
+    renew: SqlStr,
+    complete: SqlStr,
+    release: SqlStr,
+    purge: SqlStr,
 }
 
 impl Statements {
@@ -140,36 +141,38 @@ impl Statements {
             // MariaDB's per-statement setting (10.3+): with a zero lock wait, an uncommitted
             // claim of another transaction makes the insert fail at once (1205) instead of
             // holding this connection until that transaction ends.
-            claim_nowait: format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"),
-            claim,
-            read: format!(
+            claim_nowait: statement(format!(
+                "SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"
+            )),
+            claim: statement(claim),
+            read: statement(format!(
                 "SELECT fingerprint, token, payload FROM {t} \
                  WHERE scope = ? AND `key` = ? AND expires_at > {NOW}"
-            ),
+            )),
             // A locking read that refuses to wait: it fails (1205) exactly when another
             // transaction holds the row, e.g. a transactional owner's uncommitted claim. In
             // autocommit the shared lock ends with the statement. MariaDB syntax (10.3+).
-            probe: format!(
+            probe: statement(format!(
                 "SELECT fingerprint, payload FROM {t} \
                  WHERE scope = ? AND `key` = ? AND expires_at > {NOW} LOCK IN SHARE MODE NOWAIT"
-            ),
-            held: format!("SELECT 1 FROM {t} WHERE {fence}"),
-            renew: format!(
+            )),
+            held: statement(format!("SELECT 1 FROM {t} WHERE {fence}")),
+            renew: statement(format!(
                 "UPDATE {t} SET expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE {fence}"
-            ),
+            )),
             // Always a real change (token goes from a value to NULL), so rows-changed and
             // rows-matched agree and CLIENT_FOUND_ROWS cannot matter.
-            complete: format!(
+            complete: statement(format!(
                 "UPDATE {t} SET token = NULL, payload = ?, \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE {fence}"
-            ),
-            release: format!("DELETE FROM {t} WHERE {fence}"),
+            )),
+            release: statement(format!("DELETE FROM {t} WHERE {fence}")),
             // ORDER BY the full index order (InnoDB appends the primary key to secondary
             // indexes) makes the batch deterministic, so statement-based replication deletes
             // the same rows on replicas, and walks the expiry index from its oldest end.
-            purge: format!(
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE {expired} ORDER BY expires_at, scope, `key` LIMIT ?"
-            ),
+            )),
             table,
         }
     }
@@ -243,7 +246,7 @@ impl MySqlStore {
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::raw_sql(&self.sql.schema)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(self.sql.schema.as_str()))
             .execute(&self.pool)
             .await
             .map_err(|err| sql::backend(BACKEND, err))?;
@@ -295,7 +298,7 @@ impl MySqlStore {
 
     /// Whether `token` holds a live claim on `key` right now.
     async fn holds(&self, key: &StoreKey, token: Token) -> Result<bool, StoreError> {
-        let row = sqlx::query(&self.sql.held)
+        let row = sqlx::query(self.sql.held.clone())
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
             .bind(&token.to_bytes()[..])
@@ -311,7 +314,7 @@ impl MySqlStore {
         executor: impl sqlx::Executor<'e, Database = sqlx::MySql>,
         key: &StoreKey,
     ) -> Result<Option<LiveRow>, StoreError> {
-        sqlx::query_as(&self.sql.read)
+        sqlx::query_as(self.sql.read.clone())
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
             .fetch_optional(executor)
@@ -358,7 +361,7 @@ impl MySqlStore {
         };
         for _ in 0..CLAIM_ATTEMPTS {
             let token = Token::random();
-            let result = sqlx::query(statement)
+            let result = sqlx::query(statement.clone())
                 .bind(key.scope().as_bytes())
                 .bind(key.key().as_bytes())
                 .bind(&fingerprint.as_bytes()[..])
@@ -407,7 +410,7 @@ impl MySqlStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(&self.sql.complete)
+        let result = sqlx::query(self.sql.complete.clone())
             .bind(payload.as_ref())
             .bind(micros(retention)?)
             .bind(key.scope().as_bytes())
@@ -425,7 +428,7 @@ impl MySqlStore {
         &self,
         key: &StoreKey,
     ) -> Result<Result<Option<Record>, Busy>, StoreError> {
-        let row: Result<Option<RecordRow>, _> = sqlx::query_as(&self.sql.probe)
+        let row: Result<Option<RecordRow>, _> = sqlx::query_as(self.sql.probe.clone())
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
             .fetch_optional(&self.pool)
@@ -543,7 +546,7 @@ impl Store for MySqlStore {
     }
 
     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
-        let result: MySqlQueryResult = sqlx::query(&self.sql.renew)
+        let result: MySqlQueryResult = sqlx::query(self.sql.renew.clone())
             .bind(micros(lease)?)
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
@@ -577,7 +580,7 @@ impl Store for MySqlStore {
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
-        let result = sqlx::query(&self.sql.release)
+        let result = sqlx::query(self.sql.release.clone())
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
             .bind(&token.to_bytes()[..])
@@ -595,7 +598,7 @@ impl Store for MySqlStore {
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        let result = sqlx::query(&self.sql.purge)
+        let result = sqlx::query(self.sql.purge.clone())
             .bind(batch)
             .execute(&self.pool)
             .await

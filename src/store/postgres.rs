@@ -5,11 +5,12 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use sqlx::SqlStr;
 use sqlx::{PgPool, Row};
 
 use super::{sql_builder::sealed::Assemble, SqlStore, SqlStoreBuilder, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
-use crate::sql::{self, TableName};
+use crate::sql::{self, statement, TableName};
 
 const BACKEND: &str = "postgres";
 
@@ -103,12 +104,12 @@ pub type PostgresStoreBuilder = SqlStoreBuilder<PostgresStore>;
 struct Statements {
     table: TableName,
     schema: String,
-    claim: String,
-    renew: String,
-    complete: String,
-    release: String,
-    lookup: String,
-    purge: String,
+    claim: SqlStr,
+    renew: SqlStr,
+    complete: SqlStr,
+    release: SqlStr,
+    lookup: SqlStr,
+    purge: SqlStr,
 }
 
 impl Statements {
@@ -186,12 +187,12 @@ SELECT false, fingerprint, payload FROM live"
         Self {
             table,
             schema,
-            claim,
-            renew,
-            complete,
-            release,
-            lookup,
-            purge,
+            claim: statement(claim),
+            renew: statement(renew),
+            complete: statement(complete),
+            release: statement(release),
+            lookup: statement(lookup),
+            purge: statement(purge),
         }
     }
 }
@@ -348,7 +349,7 @@ impl Store for PostgresStore {
         for attempt in 1..=CLAIM_ATTEMPTS {
             // A fresh token per attempt: a token must never be reused across claims.
             let token = Token::random();
-            let row = sqlx::query(&self.sql.claim)
+            let row = sqlx::query(self.sql.claim.clone())
                 .bind(key.scope())
                 .bind(key.key())
                 .bind(fingerprint.as_bytes().as_slice())
@@ -376,7 +377,7 @@ impl Store for PostgresStore {
     }
 
     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.sql.renew)
+        let done = sqlx::query(self.sql.renew.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(token.to_bytes().as_slice())
@@ -394,7 +395,7 @@ impl Store for PostgresStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.sql.complete)
+        let done = sqlx::query(self.sql.complete.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(token.to_bytes().as_slice())
@@ -407,7 +408,7 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.sql.release)
+        let done = sqlx::query(self.sql.release.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(token.to_bytes().as_slice())
@@ -418,7 +419,7 @@ impl Store for PostgresStore {
     }
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(&self.sql.lookup)
+        let row = sqlx::query(self.sql.lookup.clone())
             .bind(key.scope())
             .bind(key.key())
             .fetch_optional(&self.pool)
@@ -428,7 +429,7 @@ impl Store for PostgresStore {
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.sql.purge)
+        let done = sqlx::query(self.sql.purge.clone())
             .bind(i64::from(batch))
             .execute(&self.pool)
             .await

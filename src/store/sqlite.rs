@@ -10,10 +10,11 @@ use bytes::Bytes;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
 };
+use sqlx::SqlStr;
 
 use super::{sql_builder::sealed::Assemble, SqlStore, SqlStoreBuilder, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
-use crate::sql::{self, TableName};
+use crate::sql::{self, statement, TableName};
 
 const BACKEND: &str = "sqlite";
 
@@ -91,12 +92,12 @@ struct Statements {
     schema: [String; 2],
     /// `schema` as one `;`-separated script, for [`SqliteStore::schema_sql`].
     script: String,
-    claim: String,
-    lookup: String,
-    renew: String,
-    complete: String,
-    release: String,
-    purge: String,
+    claim: SqlStr,
+    lookup: SqlStr,
+    renew: SqlStr,
+    complete: SqlStr,
+    release: SqlStr,
+    purge: SqlStr,
 }
 
 impl Statements {
@@ -128,7 +129,7 @@ impl Statements {
             // A returned row means this statement wrote our token: either the key was new, or
             // the DO UPDATE's WHERE found the existing record expired. The bare `expires_at`
             // in that WHERE is the existing row's; `excluded` is the row we tried to insert.
-            claim: format!(
+            claim: statement(format!(
                 "INSERT INTO {t} (scope, \"key\", fingerprint, token, payload, expires_at) \
                  VALUES (?1, ?2, ?3, ?4, NULL, {NOW_MS} + ?5) \
                  ON CONFLICT (scope, \"key\") DO UPDATE SET \
@@ -136,29 +137,29 @@ impl Statements {
                  expires_at = excluded.expires_at \
                  WHERE expires_at <= {NOW_MS} \
                  RETURNING 1"
-            ),
-            lookup: format!(
+            )),
+            lookup: statement(format!(
                 "SELECT fingerprint, payload FROM {t} \
                  WHERE scope = ?1 AND \"key\" = ?2 AND expires_at > {NOW_MS}"
-            ),
-            renew: format!(
+            )),
+            renew: statement(format!(
                 "UPDATE {t} SET expires_at = {NOW_MS} + ?4 \
                  WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
-            ),
-            complete: format!(
+            )),
+            complete: statement(format!(
                 "UPDATE {t} SET token = NULL, payload = ?4, expires_at = {NOW_MS} + ?5 \
                  WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
-            ),
-            release: format!(
+            )),
+            release: statement(format!(
                 "DELETE FROM {t} \
                  WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
-            ),
+            )),
             // Through rowid so the batch can be bounded (plain DELETE .. LIMIT needs a
             // compile-time option the bundled SQLite lacks).
-            purge: format!(
+            purge: statement(format!(
                 "DELETE FROM {t} WHERE rowid IN \
                  (SELECT rowid FROM {t} WHERE expires_at <= {NOW_MS} LIMIT ?1)"
-            ),
+            )),
             table,
         }
     }
@@ -311,7 +312,7 @@ impl SqliteStore {
         // the write lock and is re-prepared if the schema changed meanwhile, at which point
         // IF NOT EXISTS makes it a no-op.
         for statement in &self.sql.schema {
-            sqlx::query(statement)
+            sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
                 .execute(&self.pool)
                 .await
                 .map_err(|err| sql::backend(BACKEND, err))?;
@@ -403,7 +404,7 @@ impl SqliteStore {
             // fetch_all steps the statement to completion, so its autocommit write (and the
             // database's single write lock) is finished before we act on the answer, whatever
             // the driver does with a statement that is read only halfway.
-            let won = sqlx::query(&self.sql.claim)
+            let won = sqlx::query(self.sql.claim.clone())
                 .bind(key.scope())
                 .bind(key.key())
                 .bind(&fingerprint.as_bytes()[..])
@@ -437,7 +438,7 @@ impl SqliteStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(&self.sql.complete)
+        let result = sqlx::query(self.sql.complete.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(&token.to_bytes()[..])
@@ -454,7 +455,7 @@ impl SqliteStore {
         executor: impl sqlx::Executor<'e, Database = sqlx::Sqlite>,
         key: &StoreKey,
     ) -> Result<Option<Record>, StoreError> {
-        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = sqlx::query_as(&self.sql.lookup)
+        let row: Option<(Vec<u8>, Option<Vec<u8>>)> = sqlx::query_as(self.sql.lookup.clone())
             .bind(key.scope())
             .bind(key.key())
             .fetch_optional(executor)
@@ -482,7 +483,7 @@ impl Store for SqliteStore {
     }
 
     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
-        let result = sqlx::query(&self.sql.renew)
+        let result = sqlx::query(self.sql.renew.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(&token.to_bytes()[..])
@@ -504,7 +505,7 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
-        let result = sqlx::query(&self.sql.release)
+        let result = sqlx::query(self.sql.release.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(&token.to_bytes()[..])
@@ -518,7 +519,7 @@ impl Store for SqliteStore {
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        let result = sqlx::query(&self.sql.purge)
+        let result = sqlx::query(self.sql.purge.clone())
             .bind(batch)
             .execute(&self.pool)
             .await

@@ -31,9 +31,9 @@ const CLAIM_ATTEMPTS: usize = 8;
 
 struct PgDialect {
     pool: sqlx::PgPool,
-    claim: String,
-    complete: String,
-    probe: String,
+    claim: sqlx::SqlStr,
+    complete: sqlx::SqlStr,
+    probe: sqlx::SqlStr,
 }
 
 impl TransactionalStore for PostgresStore {
@@ -81,9 +81,9 @@ impl TransactionalStore for PostgresStore {
         );
         Arc::new(PgDialect {
             pool: self.pool().clone(),
-            claim,
-            complete,
-            probe,
+            claim: sql::statement(claim),
+            complete: sql::statement(complete),
+            probe: sql::statement(probe),
         })
     }
 }
@@ -137,9 +137,9 @@ impl TxDialect<Postgres> for PgDialect {
         // (an owner stuck without dying) is ended by the server, which frees its key.
         let idle_ms = sql::millis(idle_limit)?.max(1);
         self.pool
-            .begin_with(format!(
+            .begin_with(sqlx::AssertSqlSafe(format!(
                 "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
-            ))
+            )))
             .await
             .map_err(backend)
     }
@@ -155,7 +155,7 @@ impl TxDialect<Postgres> for PgDialect {
         let lease = sql::millis(lease)?;
         for attempt in 1..=CLAIM_ATTEMPTS {
             let token = Token::random();
-            let rows = sqlx::query(&self.claim)
+            let rows = sqlx::query(self.claim.clone())
                 .bind(key.scope())
                 .bind(key.key())
                 .bind(fingerprint.as_bytes().as_slice())
@@ -189,7 +189,7 @@ impl TxDialect<Postgres> for PgDialect {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.complete)
+        let done = sqlx::query(self.complete.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(token.to_bytes().as_slice())
@@ -203,7 +203,7 @@ impl TxDialect<Postgres> for PgDialect {
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {
         let (high, low) = lock_id(key);
-        let rows = sqlx::query(&self.probe)
+        let rows = sqlx::query(self.probe.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(high)

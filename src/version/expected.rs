@@ -82,7 +82,7 @@ impl Expected {
             && self
                 .one_of
                 .as_ref()
-                .map_or(true, |list| list.contains(&version))
+                .is_none_or(|list| list.contains(&version))
             && !self.none_of.contains(&version)
     }
 

@@ -54,7 +54,7 @@ impl Shared {
         let base = url_or_skip("TEST_POSTGRES_URL")?;
         let admin = reachable("TEST_POSTGRES_URL", PgPool::connect(&base).await)?;
         let schema = format!("payments_process_{}", unique());
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(&admin)
             .await
             .expect("create schema");
@@ -68,7 +68,7 @@ impl Shared {
         let base = url_or_skip("TEST_MYSQL_URL")?;
         let admin = reachable("TEST_MYSQL_URL", MySqlPool::connect(&base).await)?;
         let database = format!("payments_process_{}", unique());
-        sqlx::query(&format!("CREATE DATABASE {database}"))
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
             .execute(&admin)
             .await
             .expect("create database");
@@ -160,16 +160,20 @@ impl Shared {
     pub async fn charge_rows(&self) -> i64 {
         let count = match self {
             Self::Postgres { admin, schema, .. } => {
-                sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {schema}.charges"))
-                    .fetch_one(admin)
-                    .await
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {schema}.charges"
+                )))
+                .fetch_one(admin)
+                .await
             }
             Self::MySql {
                 admin, database, ..
             } => {
-                sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {database}.charges"))
-                    .fetch_one(admin)
-                    .await
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {database}.charges"
+                )))
+                .fetch_one(admin)
+                .await
             }
             Self::Sqlite { url, .. } => {
                 let pool = SqlitePool::connect(url)
@@ -188,7 +192,7 @@ impl Shared {
     async fn clean_up(self) {
         match self {
             Self::Postgres { admin, schema, .. } => {
-                sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
                     .execute(&admin)
                     .await
                     .expect("drop schema");
@@ -196,7 +200,7 @@ impl Shared {
             Self::MySql {
                 admin, database, ..
             } => {
-                sqlx::query(&format!("DROP DATABASE {database}"))
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
                     .execute(&admin)
                     .await
                     .expect("drop database");

@@ -9,7 +9,7 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
-    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
 /// A single server behind a reconnecting manager, or a cluster. Both are cheap handles onto
@@ -117,9 +117,9 @@ fn lost_node(error: &RedisError) -> bool {
         || error.is_connection_refusal()
         || matches!(
             error.kind(),
-            ErrorKind::ClusterDown
-                | ErrorKind::MasterDown
-                | ErrorKind::TryAgain
+            ErrorKind::Server(ServerErrorKind::ClusterDown)
+                | ErrorKind::Server(ServerErrorKind::MasterDown)
+                | ErrorKind::Server(ServerErrorKind::TryAgain)
                 | ErrorKind::ClusterConnectionNotFound
         )
 }

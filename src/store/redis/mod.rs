@@ -190,7 +190,7 @@ impl RedisStoreBuilder {
     /// use tower_idempotency::store::RedisStore;
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-    /// let config = RedisStore::connection_config().set_response_timeout(Duration::from_secs(1));
+    /// let config = RedisStore::connection_config().set_response_timeout(Some(Duration::from_secs(1)));
     /// let manager = ConnectionManager::new_with_config(client, config).await?;
     /// let store = RedisStore::builder().prefix("app:").build(manager)?;
     /// # let _ = store;
@@ -381,14 +381,14 @@ impl RedisStore {
     /// ```
     /// use std::time::Duration;
     /// use tower_idempotency::store::RedisStore;
-    /// let config = RedisStore::connection_config().set_response_timeout(Duration::from_secs(1));
+    /// let config = RedisStore::connection_config().set_response_timeout(Some(Duration::from_secs(1)));
     /// # let _ = config;
     /// ```
     pub fn connection_config() -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_number_of_retries(0)
-            .set_connection_timeout(Duration::from_secs(2))
-            .set_response_timeout(Duration::from_secs(5))
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
     }
 
     /// The cluster client settings [`open_cluster`](Self::open_cluster) uses for `nodes`:

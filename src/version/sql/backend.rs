@@ -30,20 +30,17 @@ pub(super) mod sealed {
 
         /// The SET expression that raises the version.
         fn bump(version_column: &str) -> String;
-        fn add_i64(
-            args: &mut Self::Arguments<'_>,
-            value: i64,
-        ) -> Result<(), sqlx::error::BoxDynError>;
+        fn add_i64(args: &mut Self::Arguments, value: i64) -> Result<(), sqlx::error::BoxDynError>;
         fn get_i64(row: &Self::Row, column: &str) -> Result<i64, sqlx::Error>;
-        fn execute<'c, 'a: 'c>(
+        fn execute<'c>(
             conn: &'c mut Self::Connection,
-            sql: &'c str,
-            args: Self::Arguments<'a>,
+            sql: String,
+            args: Self::Arguments,
         ) -> BoxFuture<'c, Result<Executed, sqlx::Error>>;
-        fn fetch_optional<'c, 'a: 'c>(
+        fn fetch_optional<'c>(
             conn: &'c mut Self::Connection,
-            sql: &'c str,
-            args: Self::Arguments<'a>,
+            sql: String,
+            args: Self::Arguments,
         ) -> BoxFuture<'c, Result<Option<Self::Row>, sqlx::Error>>;
         /// Whether the database aborted the statement for concurrency reasons.
         fn conflict_reason(
@@ -61,10 +58,7 @@ pub(super) fn conflict_reason<DB: VersionedBackend>(error: &sqlx::Error) -> Opti
 
 macro_rules! common {
     ($last_insert_id:expr) => {
-        fn add_i64(
-            args: &mut Self::Arguments<'_>,
-            value: i64,
-        ) -> Result<(), sqlx::error::BoxDynError> {
+        fn add_i64(args: &mut Self::Arguments, value: i64) -> Result<(), sqlx::error::BoxDynError> {
             sqlx::Arguments::add(args, value)
         }
 
@@ -72,13 +66,15 @@ macro_rules! common {
             sqlx::Row::try_get(row, column)
         }
 
-        fn execute<'c, 'a: 'c>(
+        fn execute<'c>(
             conn: &'c mut Self::Connection,
-            sql: &'c str,
-            args: Self::Arguments<'a>,
+            sql: String,
+            args: Self::Arguments,
         ) -> BoxFuture<'c, Result<sealed::Executed, sqlx::Error>> {
             Box::pin(async move {
-                let done = sqlx::query_with(sql, args).execute(conn).await?;
+                let done = sqlx::query_with(sqlx::AssertSqlSafe(sql), args)
+                    .execute(conn)
+                    .await?;
                 #[allow(clippy::redundant_closure_call)]
                 let last_insert_id = ($last_insert_id)(&done);
                 Ok(sealed::Executed {
@@ -88,12 +84,12 @@ macro_rules! common {
             })
         }
 
-        fn fetch_optional<'c, 'a: 'c>(
+        fn fetch_optional<'c>(
             conn: &'c mut Self::Connection,
-            sql: &'c str,
-            args: Self::Arguments<'a>,
+            sql: String,
+            args: Self::Arguments,
         ) -> BoxFuture<'c, Result<Option<Self::Row>, sqlx::Error>> {
-            Box::pin(sqlx::query_with(sql, args).fetch_optional(conn))
+            Box::pin(sqlx::query_with(sqlx::AssertSqlSafe(sql), args).fetch_optional(conn))
         }
     };
 }

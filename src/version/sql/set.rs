@@ -13,9 +13,12 @@ use super::{ColumnName, VersionedBackend, VersionedTableError};
 /// [`VersionedTable::insert_new`]: super::VersionedTable::insert_new
 pub struct SetValues<'args, DB: VersionedBackend> {
     pub(super) columns: Vec<(ColumnName, String)>,
-    pub(super) args: DB::Arguments<'args>,
+    pub(super) args: DB::Arguments,
     pub(super) error: Option<VersionedTableError>,
     reserved: [(ColumnName, &'static str); 2],
+    // sqlx 0.9 encodes each value when it is added, so nothing borrows from `'args` any
+    // more; the parameter stays so the public type (and the bounds callers meet) is unchanged.
+    borrows: std::marker::PhantomData<fn(&'args ())>,
 }
 
 impl<'args, DB: VersionedBackend> SetValues<'args, DB> {
@@ -28,6 +31,7 @@ impl<'args, DB: VersionedBackend> SetValues<'args, DB> {
                 (id.clone(), "id column"),
                 (version.clone(), "version column"),
             ],
+            borrows: std::marker::PhantomData,
         }
     }
 

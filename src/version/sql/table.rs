@@ -201,7 +201,7 @@ impl VersionedTable {
             id = self.id,
             version = self.version,
         );
-        match DB::execute(conn, &sql, values.args).await {
+        match DB::execute(conn, sql, values.args).await {
             Ok(_) => Ok(InsertOutcome::Created {
                 version: Version::INITIAL,
             }),
@@ -285,7 +285,7 @@ impl VersionedTable {
         if !expected.accepts_none() {
             let sql = self.update_sql(&mut values, id.clone(), &expected, decode.is_some())?;
             let won = if DB::RETURNING {
-                match DB::fetch_optional(conn, &sql, values.args).await {
+                match DB::fetch_optional(conn, sql, values.args).await {
                     Ok(Some(row)) => Some((
                         self.version_of::<DB>(&row)?,
                         decode_row::<DB, R>(decode, &row)?,
@@ -294,7 +294,7 @@ impl VersionedTable {
                     Err(error) => return aborted::<DB, R>("update", error),
                 }
             } else {
-                match DB::execute(conn, &sql, values.args).await {
+                match DB::execute(conn, sql, values.args).await {
                     // The statement always changes the version column, so every matched row
                     // is a changed row: the affected-rows count means "matched" whether or
                     // not the connection set CLIENT_FOUND_ROWS (sqlx does). A no-op update
@@ -423,7 +423,7 @@ impl VersionedTable {
             "SELECT {columns} FROM {} WHERE {} = {placeholder}{suffix}",
             self.table, self.id
         );
-        DB::fetch_optional(conn, &sql, values.args)
+        DB::fetch_optional(conn, sql, values.args)
             .await
             .map_err(|e| database::<DB>("read", e))
     }

@@ -1,0 +1,140 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade: every metric name this
+//! crate records, and the one place that records each.
+//!
+//! Recording happens only with the cargo feature `metrics`. Without it the functions below are
+//! empty and inlined away, so a build that does not want metrics pays nothing, not even the
+//! facade's check for an installed recorder. With it, and no recorder installed, each event
+//! costs one atomic load (the facade's no-op recorder); install any `metrics` recorder (for
+//! example `metrics-exporter-prometheus`) to collect them. A feature rather than an always-on
+//! dependency because it is the convention of the ecosystem (tower-http, sqlx) and keeps the
+//! dependency out of the tree of users who never look at metrics.
+//!
+//! The names are public so dashboards and tests need not repeat string literals.
+
+/// Requests (engine operations) by outcome, a counter labelled `outcome`: one of
+/// [`EXECUTED`], [`REPLAYED`], [`KEY_REUSED`], [`IN_PROGRESS`], [`STORE_UNAVAILABLE`], or
+/// [`REJECTED`] (a 4xx or 5xx answered by the HTTP layer before the engine was asked, or
+/// after the handler ran), which also carries a `reason` label.
+pub const REQUESTS: &str = "idempotency_requests_total";
+/// Duplicates that waited for their original to finish, a counter.
+pub const WAITS: &str = "idempotency_waits_total";
+/// How long each of those duplicates waited, in seconds, a histogram.
+pub const WAIT_SECONDS: &str = "idempotency_wait_seconds";
+/// How long each store operation took, in seconds, a histogram labelled `operation`
+/// (`claim`, `lookup`, `complete`, `release`).
+pub const STORE_SECONDS: &str = "idempotency_store_operation_seconds";
+/// Store operations that failed (time-outs included), a counter labelled `operation`.
+pub const STORE_ERRORS: &str = "idempotency_store_errors_total";
+/// Claims held right now by this process, a gauge.
+pub const CLAIMS_IN_FLIGHT: &str = "idempotency_claims_in_flight";
+
+/// The `outcome` of a request whose key it claimed, so its operation runs.
+pub const EXECUTED: &str = "executed";
+/// The `outcome` of a request answered with the stored outcome of an earlier one.
+pub const REPLAYED: &str = "replayed";
+/// The `outcome` of a request whose key was used before with a different request.
+pub const KEY_REUSED: &str = "key_reused";
+/// The `outcome` of a duplicate told that its original is still running (409).
+pub const IN_PROGRESS: &str = "in_progress";
+/// The `outcome` of a request the store could not serve (503).
+pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+/// The `outcome` of a request the HTTP layer rejected itself; see its `reason` label.
+pub const REJECTED: &str = "rejected";
+
+/// Counts one request with `outcome` (one of the outcome constants of this module).
+#[inline]
+pub(crate) fn request(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(REQUESTS, "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+}
+
+/// Counts one request the HTTP layer rejected for `reason`.
+#[inline]
+pub(crate) fn rejected(reason: &'static str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(REQUESTS, "outcome" => REJECTED, "reason" => reason).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = reason;
+}
+
+/// Counts a rejection the HTTP layer decided itself. The engine's own answers (key reused, in
+/// progress, store unavailable) were counted where the engine gave them, and a response too
+/// large to store was counted as a replay.
+pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
+    use crate::http::Rejection as R;
+    let reason = match rejection {
+        R::KeyReused | R::InProgress { .. } | R::StoreUnavailable { .. } => return,
+        R::ResponseNotStored { .. } => return,
+        R::MissingKey => "missing_key",
+        R::InvalidKey(_) => "invalid_key",
+        R::MissingIdentity => "missing_identity",
+        R::BodyUnreadable => "body_unreadable",
+        R::BodyTooLarge { .. } => "body_too_large",
+        R::HandlerPanicked => "handler_panicked",
+        R::ResponseBodyFailed => "response_body_failed",
+        R::NotCommitted { .. } => "not_committed",
+        R::TransactionHeld => "transaction_held",
+    };
+    rejected(reason);
+}
+
+/// Times a store operation: records its latency, and an error when it failed.
+#[inline]
+pub(crate) async fn store_call<T, E>(
+    operation: &'static str,
+    call: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    #[cfg(feature = "metrics")]
+    {
+        let started = std::time::Instant::now();
+        let result = call.await;
+        ::metrics::histogram!(STORE_SECONDS, "operation" => operation)
+            .record(started.elapsed().as_secs_f64());
+        if result.is_err() {
+            ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
+        }
+        result
+    }
+    #[cfg(not(feature = "metrics"))]
+    {
+        let _ = operation;
+        call.await
+    }
+}
+
+/// A duplicate waiting for its original: counted when it starts, its wait recorded when it
+/// ends (dropped), whichever way it ends.
+pub(crate) struct Wait {
+    #[cfg(feature = "metrics")]
+    started: std::time::Instant,
+}
+
+impl Wait {
+    #[inline]
+    pub(crate) fn start() -> Self {
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!(WAITS).increment(1);
+        Self {
+            #[cfg(feature = "metrics")]
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Wait {
+    fn drop(&mut self) {
+        ::metrics::histogram!(WAIT_SECONDS).record(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Moves the claims-in-flight gauge by `delta` (+1 on a claim, -1 when it ends).
+#[inline]
+pub(crate) fn claims_in_flight(delta: f64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(CLAIMS_IN_FLIGHT).increment(delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = delta;
+}
