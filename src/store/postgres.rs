@@ -43,6 +43,16 @@
 //! Every time — lease ends, retention ends, purges — is measured by the database's clock
 //! (`now()`), never the application's.
 //!
+//! # Completion notifications
+//!
+//! `complete` and `release` `NOTIFY` a channel named after the table with the key's digest,
+//! from the same statement (no extra round trip), and each store value (with its clones)
+//! keeps one connection of its pool `LISTEN`ing once a waiter needs it, so a duplicate
+//! waiting in another process is woken when the original finishes instead of at its next
+//! poll (see [`Store::completions`]). PostgreSQL serialises the commits of notifying
+//! transactions; [`PostgresStoreBuilder::completion_notifications`] turns the notifications
+//! off, and waiters then poll.
+//!
 //! # Purging
 //!
 //! Expired rows are harmless (they count as absent and a claim overwrites them) but take
@@ -55,7 +65,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{PgPool, Row};
 
-use super::{sql, InvalidTableName, Store, StoreError, TableName};
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+use super::{
+    keep_listening, pg_notify, sql, Completions, Feed, InvalidTableName, Store, StoreError,
+    TableName,
+};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 
 const BACKEND: &str = "postgres";
@@ -81,6 +96,7 @@ const CLAIM_ATTEMPTS: usize = 8;
 pub struct PostgresStore {
     pool: PgPool,
     sql: Arc<Statements>,
+    feed: Arc<Feed>,
 }
 
 /// Builds a [`PostgresStore`] with a table name other than the default.
@@ -99,12 +115,15 @@ pub struct PostgresStore {
 pub struct PostgresStoreBuilder {
     pool: PgPool,
     table: String,
+    notify: bool,
 }
 
 /// The statements for one table. Table names cannot be bound as parameters, so the text is
 /// built once from a validated [`TableName`]; sqlx then prepares each once per connection.
 struct Statements {
     table: TableName,
+    /// The channel notified of completions and releases, if they notify.
+    channel: Option<String>,
     schema: String,
     claim: String,
     renew: String,
@@ -115,8 +134,9 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(table: TableName) -> Self {
+    fn new(table: TableName, notify: bool) -> Self {
         let t = table.as_str();
+        let channel = notify.then(|| pg_notify::channel(&table));
         let index = table.derived("expires_at_idx");
         // The CHECK makes a row that is both (or neither) in progress and completed
         // impossible, so `payload IS NULL` alone can tell the two states apart.
@@ -171,6 +191,13 @@ SELECT false, fingerprint, payload FROM live"
     WHERE {fence}"
         );
         let release = format!("DELETE FROM {t} WHERE {fence}");
+        let (complete, release) = match &channel {
+            Some(channel) => (
+                pg_notify::notifying(&complete, channel, 6),
+                pg_notify::notifying(&release, channel, 4),
+            ),
+            None => (complete, release),
+        };
         let lookup = format!(
             "SELECT fingerprint, payload FROM {t}
     WHERE scope = $1 AND key = $2 AND expires_at > now()"
@@ -188,6 +215,7 @@ SELECT false, fingerprint, payload FROM live"
         );
         Self {
             table,
+            channel,
             schema,
             claim,
             renew,
@@ -223,7 +251,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn new(pool: PgPool) -> Self {
-        Self::with_table(pool, default_table())
+        Self::with_table(pool, default_table(), true)
     }
 
     /// A builder, to choose the table name.
@@ -239,14 +267,22 @@ impl PostgresStore {
         PostgresStoreBuilder {
             pool,
             table: Self::DEFAULT_TABLE.to_owned(),
+            notify: true,
         }
     }
 
-    fn with_table(pool: PgPool, table: TableName) -> Self {
+    fn with_table(pool: PgPool, table: TableName, notify: bool) -> Self {
         Self {
             pool,
-            sql: Arc::new(Statements::new(table)),
+            sql: Arc::new(Statements::new(table, notify)),
+            feed: Arc::default(),
         }
+    }
+
+    /// The channel `complete` and `release` notify, if they do (for the transactional mode,
+    /// whose completion notifies the same listeners).
+    pub(crate) fn channel(&self) -> Option<&str> {
+        self.sql.channel.as_deref()
     }
 
     /// The table this store uses.
@@ -327,6 +363,13 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// Whether `complete` and `release` notify waiters in other processes (default on; see
+    /// the [module docs](super::postgres#completion-notifications)). Off, they poll.
+    pub fn completion_notifications(mut self, on: bool) -> Self {
+        self.notify = on;
+        self
+    }
+
     /// Builds the store, or says why the table name was refused. Does not touch the database.
     ///
     /// ```no_run
@@ -338,7 +381,7 @@ impl PostgresStoreBuilder {
     /// ```
     pub fn build(self) -> Result<PostgresStore, InvalidTableName> {
         let table = TableName::new(self.table)?;
-        Ok(PostgresStore::with_table(self.pool, table))
+        Ok(PostgresStore::with_table(self.pool, table, self.notify))
     }
 }
 
@@ -423,12 +466,15 @@ impl Store for PostgresStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.sql.complete)
+        let token = token.to_bytes();
+        let query = sqlx::query(&self.sql.complete)
             .bind(key.scope())
             .bind(key.key())
-            .bind(token.to_bytes().as_slice())
+            .bind(token.as_slice())
             .bind(payload.as_ref())
-            .bind(sql::millis(retention)?)
+            .bind(sql::millis(retention)?);
+        let done = self
+            .notifying(query, key)
             .execute(&self.pool)
             .await
             .map_err(backend)?;
@@ -436,10 +482,13 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.sql.release)
+        let token = token.to_bytes();
+        let query = sqlx::query(&self.sql.release)
             .bind(key.scope())
             .bind(key.key())
-            .bind(token.to_bytes().as_slice())
+            .bind(token.as_slice());
+        let done = self
+            .notifying(query, key)
             .execute(&self.pool)
             .await
             .map_err(backend)?;
@@ -464,6 +513,27 @@ impl Store for PostgresStore {
             .map_err(backend)?;
         Ok(done.rows_affected())
     }
+
+    fn completions(&self) -> Option<Completions> {
+        let channel = self.sql.channel.clone()?;
+        let pool = self.pool.clone();
+        Some(self.feed.subscribe(|sender| {
+            keep_listening("postgres", sender, move |sender| {
+                pg_notify::listen(pool.clone(), channel.clone(), sender)
+            })
+        }))
+    }
+}
+
+impl PostgresStore {
+    /// Binds the notification payload of `key`, the last parameter of a settling statement,
+    /// when those statements notify.
+    fn notifying<'q>(&self, query: PgQuery<'q>, key: &StoreKey) -> PgQuery<'q> {
+        match self.sql.channel {
+            Some(_) => query.bind(pg_notify::payload(key)),
+            None => query,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -474,7 +544,7 @@ mod tests {
     fn module_docs_show_the_default_schema() {
         // Users who run their own migrations copy the DDL from the docs: keep it in step.
         let source = include_str!("postgres.rs");
-        for line in Statements::new(default_table()).schema.lines() {
+        for line in Statements::new(default_table(), true).schema.lines() {
             let documented = format!("//! {line}");
             assert!(
                 source

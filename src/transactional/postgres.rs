@@ -20,7 +20,7 @@ use sqlx::{PgConnection, Postgres, Row, Transaction};
 use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
 use crate::{
     record::{Fingerprint, StoreKey, Token},
-    store::{sql, PostgresStore, StoreError},
+    store::{pg_notify, sql, PostgresStore, StoreError},
 };
 
 const BACKEND: &str = "postgres";
@@ -33,6 +33,9 @@ struct PgDialect {
     claim: String,
     complete: String,
     probe: String,
+    /// Whether `complete` notifies the store's listeners (at commit), taking the key's
+    /// digest as its last parameter.
+    notify: bool,
 }
 
 impl TransactionalStore for PostgresStore {
@@ -71,6 +74,12 @@ impl TransactionalStore for PostgresStore {
                  expires_at = clock_timestamp() + $5 * interval '1 millisecond' \
              WHERE scope = $1 AND key = $2 AND token = $3"
         );
+        // The notification is queued by the completing statement and delivered at commit,
+        // never on rollback.
+        let complete = match self.channel() {
+            Some(channel) => pg_notify::notifying(&complete, channel, 6),
+            None => complete,
+        };
         // Outside a transaction the advisory lock lives for this one statement: it only asks
         // whether a transaction holds it right now.
         let probe = format!(
@@ -83,6 +92,7 @@ impl TransactionalStore for PostgresStore {
             claim,
             complete,
             probe,
+            notify: self.channel().is_some(),
         })
     }
 }
@@ -188,15 +198,17 @@ impl TxDialect<Postgres> for PgDialect {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.complete)
+        let token = token.to_bytes();
+        let mut query = sqlx::query(&self.complete)
             .bind(key.scope())
             .bind(key.key())
-            .bind(token.to_bytes().as_slice())
+            .bind(token.as_slice())
             .bind(payload.as_ref())
-            .bind(sql::millis(retention)?)
-            .execute(&mut *conn)
-            .await
-            .map_err(backend)?;
+            .bind(sql::millis(retention)?);
+        if self.notify {
+            query = query.bind(pg_notify::payload(key));
+        }
+        let done = query.execute(&mut *conn).await.map_err(backend)?;
         sql::fenced(done.rows_affected())
     }
 
