@@ -1,15 +1,15 @@
-//! Cross-process wake-ups on PostgreSQL: a duplicate waiting in another process (here: an
-//! engine on a store with its own pool, hence its own listening connection) is woken by the
-//! original's completion, not by its poll.
+//! Cross-process wake-ups on PostgreSQL and Redis: a duplicate waiting in another process
+//! (here: an engine on a store with its own pool or connection, hence its own listening
+//! connection) is woken by the original's completion, not by its poll.
 //!
 //! The waiting side polls once an hour, so within the tests' limits only a notification can
 //! wake it; a test that hangs on that limit is a missing notification.
 //!
 //! ```text
-//! TEST_POSTGRES_URL=postgres://postgres@127.0.0.1/test TEST_REQUIRE_ALL_BACKENDS=1 \
-//!     cargo test --all-features --test wakeups_postgres
+//! TEST_POSTGRES_URL=postgres://postgres@127.0.0.1/test TEST_REDIS_URL=redis://127.0.0.1 \
+//!     TEST_REQUIRE_ALL_BACKENDS=1 cargo test --all-features --test wakeups
 //! ```
-#![cfg(feature = "postgres")]
+#![cfg(all(feature = "postgres", feature = "redis"))]
 
 mod conformance;
 
@@ -19,7 +19,7 @@ use bytes::Bytes;
 use sqlx::{postgres::PgPoolOptions, PgPool};
 use tower_idempotency::{
     engine::Begin,
-    store::PostgresStore,
+    store::{PostgresStore, RedisStore, Store},
     transactional::{Transactional, TxBegin},
     Engine, Fingerprint, InProgressPolicy, StoreKey, Token,
 };
@@ -51,7 +51,7 @@ async fn two_stores() -> Option<(PostgresStore, PostgresStore, String)> {
     Some((owner, waiter, table))
 }
 
-fn engine(store: PostgresStore, poll_when_notified: Duration) -> Engine {
+fn engine(store: impl Store, poll_when_notified: Duration) -> Engine {
     Engine::builder(store)
         .poll_when_notified(poll_when_notified)
         .in_progress(InProgressPolicy::Wait { timeout: LIMIT * 2 })
@@ -240,4 +240,30 @@ async fn a_transactional_commit_wakes_and_a_rollback_does_not_strand_waiters() {
         panic!("after a rollback the key is free: the waiter runs it")
     };
     tx.rollback().await;
+}
+
+/// Two Redis stores, each with its own connection and subscriber, under a prefix of their own.
+async fn two_redis_stores() -> Option<(RedisStore, RedisStore)> {
+    let url = conformance::url_or_skip("TEST_REDIS_URL")?;
+    let prefix = format!("wake-test-{}:", &Token::random().to_hex()[..12]);
+    let open = || async {
+        RedisStore::builder()
+            .prefix(prefix.clone())
+            .unwrap()
+            .open(&url)
+            .await
+            .expect("TEST_REDIS_URL is set but the server is unreachable")
+    };
+    Some((open().await, open().await))
+}
+
+#[tokio::test]
+async fn redis_a_waiter_in_another_process_is_woken_by_the_completion() {
+    let Some((owner, waiter)) = two_redis_stores().await else {
+        return;
+    };
+    let (owner, waiter) = (engine(owner, SLOW_POLL), engine(waiter, SLOW_POLL));
+    one_round(&owner, &waiter, "warm-up").await;
+    one_round(&owner, &waiter, "notified").await;
+    one_round(&owner, &waiter, "notified again").await;
 }
