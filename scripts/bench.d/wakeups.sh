@@ -23,6 +23,14 @@ wake_redis_calls() {
     END { printf "%d %d %d %d %d", t, c["evalsha"] + c["eval"], c["get"], c["publish"], c["set"] }'
 }
 
+# wake_my_counts USER: statements (SELECT + UPDATE + OTHER commands), commits, and rows read
+# of MariaDB user USER so far, as "statements commits rows".
+wake_my_counts() {
+  mysql -h127.0.0.1 -uroot -N -e "SELECT SELECT_COMMANDS + UPDATE_COMMANDS + OTHER_COMMANDS, \
+    COMMIT_TRANSACTIONS, ROWS_READ FROM information_schema.USER_STATISTICS WHERE USER = '$1'" \
+    | awk 'NF { print $1, $2, $3; found = 1 } END { if (!found) print 0, 0, 0 }'
+}
+
 bench_wakeups() {
   psql_q() { psql "$PG_URL" -v ON_ERROR_STOP=1 -qtA "$@"; }
   local db=tower_idempotency_bench_wake
@@ -85,11 +93,39 @@ bench_wakeups() {
       fi
       stop_payments "$PID"; sleep 1
       after=$(wake_pg_counts "$db")
-      per_request_rows+="| Postgres, $arm mode, $kind keys ($n requests$([ "$kind" = replay ] && echo ', 10 keys: 99% replays')) | $(calc "(${after% *} - ${before% *}) / $n") | $(calc "(${after#* } - ${before#* }) / $n" %.1f) |
+      per_request_rows+="| Postgres, $arm mode, $kind keys ($n requests$([ "$kind" = replay ] && echo ', 10 keys: 99% replays')) | $(calc "(${after% *} - ${before% *}) / $n") commits | $(calc "(${after#* } - ${before#* }) / $n" %.1f) |
 "
     done
   done
   psql_q -c "DROP DATABASE IF EXISTS $db"
+
+  # --- item 4 on MariaDB: a user of its own, counted by USER_STATISTICS ---------------------
+  local my_rows="" my_user=wake_bench userstat
+  userstat=$(mysql -h127.0.0.1 -uroot -N -e "SELECT @@userstat")
+  mysql -h127.0.0.1 -uroot -e "SET GLOBAL userstat = 1; DROP DATABASE IF EXISTS $db; \
+    CREATE DATABASE $db; DROP USER IF EXISTS '$my_user'@'%'; CREATE USER '$my_user'@'%'; \
+    GRANT ALL ON $db.* TO '$my_user'@'%'"
+  local my_url="mysql://$my_user@127.0.0.1:3306/$db"
+  for arm in transactional separate; do
+    for kind in new replay; do
+      env="IDEMPOTENCY_MODE=$arm"
+      start_payments "wake-my-$arm-$kind" "DATABASE_URL=$my_url" "$env"
+      stop_payments "$PID"; sleep 1
+      before=($(wake_my_counts "$my_user"))
+      start_payments "wake-my-$arm-$kind" "DATABASE_URL=$my_url" "$env"
+      if [ "$kind" = new ]; then
+        loadgen "wake-my-$arm-$kind" --target "$URL" --concurrency 4 --requests "$n"
+      else
+        loadgen "wake-my-$arm-$kind" --target "$URL" --concurrency 4 --requests "$n" --key-space 10
+      fi
+      stop_payments "$PID"; sleep 1
+      after=($(wake_my_counts "$my_user"))
+      my_rows+="| MariaDB, $arm mode, $kind keys ($n requests$([ "$kind" = replay ] && echo ', 10 keys: 99% replays')) | $(calc "(${after[0]} - ${before[0]}) / $n") statements, $(calc "(${after[1]} - ${before[1]}) / $n") commits | $(calc "(${after[2]} - ${before[2]}) / $n" %.1f) |
+"
+    done
+  done
+  mysql -h127.0.0.1 -uroot -e "DROP DATABASE IF EXISTS $db; DROP USER IF EXISTS '$my_user'@'%'; \
+    SET GLOBAL userstat = $userstat"
 
   cat <<MD
 ## Cross-process wake-ups
@@ -107,13 +143,15 @@ its waiters). Polling (100 ms doubling to 1 s) only backs up a lost notification
 | 2 processes, one Postgres (transactional mode), $STORM_COPIES copies x $STORM_KEYS keys | $(field wake-storm-pg charges) charges for $(field wake-storm-pg keys) keys | p50 **$(field wake-storm-pg lag_p50_ms) ms**, p99 **$(field wake-storm-pg lag_p99_ms) ms**, max $(field wake-storm-pg lag_max_ms) ms | \`pg_stat_database\` of a database of its own: $pg_commits committed transactions/statements = **$(calc "$pg_commits / $STORM_KEYS" %.1f) per key** ($(calc "$pg_commits / $requests") per request), $pg_rows rows read |
 | 2 processes, one Redis, $STORM_COPIES copies x $STORM_KEYS keys | $(field wake-storm-redis charges) charges for $(field wake-storm-redis keys) keys | p50 **$(field wake-storm-redis lag_p50_ms) ms**, p99 **$(field wake-storm-redis lag_p99_ms) ms**, max $(field wake-storm-redis lag_max_ms) ms | \`INFO commandstats\` of a private server: ${rd[0]} commands = **$(calc "${rd[0]} / $STORM_KEYS" %.1f) per key** (SET ${rd[4]}, EVALSHA ${rd[1]}, GET ${rd[2]}, PUBLISH ${rd[3]}) |
 
-Statements per request from the database's own counters (\`pg_stat_statements\` is not
-loaded on this server, so \`pg_stat_database\` of a database used by nothing else: every
-autocommit statement and every transaction counts one commit; the payments handler's own
-transaction included). Starts (migrations, pool warm-up) are measured apart and left out.
+Statements per request from the databases' own counters, the payments handler's own
+transaction included; starts (migrations, pool warm-up) are measured apart and left out.
+PostgreSQL: \`pg_stat_statements\` is not loaded on this server, so \`pg_stat_database\` of a
+database used by nothing else, where every autocommit statement and every transaction counts
+one commit. MariaDB: \`information_schema.USER_STATISTICS\` (\`userstat\`) of a user used by
+nothing else (SELECT + UPDATE + other commands).
 
-| workload | commits per request | rows read per request |
+| workload | per request | rows read per request |
 |---|---|---|
-${per_request_rows}
+${per_request_rows}${my_rows}
 MD
 }

@@ -7,7 +7,7 @@
 //! for a rolled-back transaction (whose waiters find the key free at their next poll). The
 //! payload is the key's digest in hex (64 bytes; PostgreSQL allows 8000), never the raw key.
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 
 use super::{completions, sql, CompletionSender, StoreError, TableName};
 use crate::record::StoreKey;
@@ -30,12 +30,19 @@ pub(crate) fn notifying(statement: &str, channel: &str, payload: usize) -> Strin
     )
 }
 
-/// The payload naming `key`: its digest in hex.
-pub(crate) fn payload(key: &StoreKey) -> String {
-    completions::encode(&key.digest())
+/// A settling statement's query with its last parameter, the payload naming `key` (its
+/// digest in hex), bound when the statement notifies.
+pub(crate) fn bind_payload<'q>(query: PgQuery<'q>, key: &StoreKey, notifies: bool) -> PgQuery<'q> {
+    if notifies {
+        query.bind(completions::encode(&key.digest()))
+    } else {
+        query
+    }
 }
 
-/// One listening session: subscribes on a connection of `pool`, then passes notifications
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// One listening session: subscribes on a new connection to `pool`'s database, then passes notifications
 /// on until the connection is lost. `Err` only when it could not subscribe.
 pub(crate) async fn listen(
     pool: sqlx::PgPool,
@@ -43,7 +50,12 @@ pub(crate) async fn listen(
     sender: CompletionSender,
 ) -> Result<(), StoreError> {
     let backend = |error| sql::backend("postgres", error);
-    let mut listener = PgListener::connect_with(&pool).await.map_err(backend)?;
+    // A connection of its own, not one of the pool's: a listener holds its connection for
+    // good, and the pool is sized for requests.
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with((*pool.connect_options()).clone());
+    let mut listener = PgListener::connect_with(&own).await.map_err(backend)?;
     // Whatever was notified before this LISTEN is lost: `ready` tells the waiters to look.
     listener.listen(&channel).await.map_err(backend)?;
     sender.ready();

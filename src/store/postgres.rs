@@ -47,7 +47,7 @@
 //!
 //! `complete` and `release` `NOTIFY` a channel named after the table with the key's digest,
 //! from the same statement (no extra round trip), and each store value (with its clones)
-//! keeps one connection of its pool `LISTEN`ing once a waiter needs it, so a duplicate
+//! keeps one connection (besides its pool) `LISTEN`ing once an engine on it starts, so a duplicate
 //! waiting in another process is woken when the original finishes instead of at its next
 //! poll (see [`Store::completions`]). PostgreSQL serialises the commits of notifying
 //! transactions; [`PostgresStoreBuilder::completion_notifications`] turns the notifications
@@ -64,8 +64,6 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{PgPool, Row};
-
-type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 use super::{
     keep_listening, pg_notify, sql, Completions, Feed, InvalidTableName, Store, StoreError,
@@ -473,8 +471,7 @@ impl Store for PostgresStore {
             .bind(token.as_slice())
             .bind(payload.as_ref())
             .bind(sql::millis(retention)?);
-        let done = self
-            .notifying(query, key)
+        let done = pg_notify::bind_payload(query, key, self.sql.channel.is_some())
             .execute(&self.pool)
             .await
             .map_err(backend)?;
@@ -487,8 +484,7 @@ impl Store for PostgresStore {
             .bind(key.scope())
             .bind(key.key())
             .bind(token.as_slice());
-        let done = self
-            .notifying(query, key)
+        let done = pg_notify::bind_payload(query, key, self.sql.channel.is_some())
             .execute(&self.pool)
             .await
             .map_err(backend)?;
@@ -522,17 +518,6 @@ impl Store for PostgresStore {
                 pg_notify::listen(pool.clone(), channel.clone(), sender)
             })
         }))
-    }
-}
-
-impl PostgresStore {
-    /// Binds the notification payload of `key`, the last parameter of a settling statement,
-    /// when those statements notify.
-    fn notifying<'q>(&self, query: PgQuery<'q>, key: &StoreKey) -> PgQuery<'q> {
-        match self.sql.channel {
-            Some(_) => query.bind(pg_notify::payload(key)),
-            None => query,
-        }
     }
 }
 

@@ -199,16 +199,16 @@ impl TxDialect<Postgres> for PgDialect {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let token = token.to_bytes();
-        let mut query = sqlx::query(&self.complete)
+        let query = sqlx::query(&self.complete)
             .bind(key.scope())
             .bind(key.key())
             .bind(token.as_slice())
             .bind(payload.as_ref())
             .bind(sql::millis(retention)?);
-        if self.notify {
-            query = query.bind(pg_notify::payload(key));
-        }
-        let done = query.execute(&mut *conn).await.map_err(backend)?;
+        let done = pg_notify::bind_payload(query, key, self.notify)
+            .execute(&mut *conn)
+            .await
+            .map_err(backend)?;
         sql::fenced(done.rows_affected())
     }
 

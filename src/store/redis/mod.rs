@@ -204,8 +204,8 @@ impl RedisStoreBuilder {
 
     /// Completion notifications (one server only): `complete` and `release` publish the
     /// key's digest on the channel `<prefix>settled`, and the store subscribes with `client`
-    /// (one pub/sub connection per store value and its clones, opened when a waiter first
-    /// needs it), so that a duplicate waiting in another process is woken when the original
+    /// (one pub/sub connection per store value and its clones, opened when the first engine
+    /// on it starts), so that a duplicate waiting in another process is woken when the original
     /// finishes instead of at its next poll (see [`Store::completions`]).
     /// [`open`](Self::open) turns them on with its own client; a store from
     /// [`build`](Self::build) notifies only with this. Ignored on a cluster, whose waiters
