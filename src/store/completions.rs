@@ -130,6 +130,9 @@ fn decode(payload: &[u8]) -> Option<[u8; 32]> {
 
 /// The pause before connecting again after a connection attempt failed.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+/// The pause before connecting again after a connection was lost: short, but never a busy
+/// loop against a server that accepts and drops connections.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(50);
 
 /// Runs listening sessions forever. `session` connects and subscribes, calls `ready` once
 /// its subscription is live, then passes notifications on until the connection is lost.
@@ -142,11 +145,13 @@ where
 {
     loop {
         match session(sender.clone()).await {
-            // Connected, then lost: connect again at once.
-            Ok(()) => tracing::warn!(
-                backend,
-                "completion listener lost its connection; reconnecting"
-            ),
+            Ok(()) => {
+                tracing::warn!(
+                    backend,
+                    "completion listener lost its connection; reconnecting"
+                );
+                tokio::time::sleep(RESUBSCRIBE_AFTER).await;
+            }
             Err(error) => {
                 tracing::warn!(backend, %error, "completion listener cannot connect; waiters poll meanwhile");
                 tokio::time::sleep(RECONNECT_AFTER).await;
