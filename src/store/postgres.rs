@@ -362,7 +362,9 @@ impl PostgresStoreBuilder {
     }
 
     /// Whether `complete` and `release` notify waiters in other processes (default on; see
-    /// the [module docs](super::postgres#completion-notifications)). Off, they poll.
+    /// [`Store::completions`]): the settling statement itself calls `pg_notify` on a channel
+    /// named after the table, and each store keeps one extra connection `LISTEN`ing.
+    /// PostgreSQL serialises the commits of notifying transactions; off, waiters poll.
     pub fn completion_notifications(mut self, on: bool) -> Self {
         self.notify = on;
         self
