@@ -66,6 +66,17 @@ impl EngineBuilder {
         self
     }
 
+    /// The longest pause between two looks at a key that another process is running, when the
+    /// store notifies completions (default 1 s; PostgreSQL and Redis do, see
+    /// [`Store::completions`]). Waiters are woken by the notification; these looks, starting
+    /// at a tenth of this and doubling, only back up a lost notification or an owner that
+    /// vanished without one (a lease that ran out, a rolled-back transaction of another
+    /// process). Stores without notifications poll fast instead (5 ms doubling to 250 ms).
+    pub fn poll_when_notified(mut self, max: Duration) -> Self {
+        self.config.notified_poll = max;
+        self
+    }
+
     /// Checks the timings together and builds the engine.
     pub fn build(self) -> Result<Engine, ConfigError> {
         self.config.validate()?;

@@ -29,6 +29,10 @@ pub(crate) struct EngineConfig {
     /// Backoff between polls of the store while waiting: starts at the first, doubles, capped
     /// at the second.
     pub(crate) poll: (Duration, Duration),
+    /// The longest pause between polls when the store notifies completions: the polls then
+    /// only back up a lost notification (or a rollback, which notifies nobody), starting at a
+    /// tenth of it and doubling.
+    pub(crate) notified_poll: Duration,
     /// What callers are told to wait before retrying (409 / 503 `Retry-After`).
     pub(crate) retry_after: Duration,
     /// How many times a failed `complete` is attempted before the outcome is given up on.
@@ -48,6 +52,7 @@ impl Default for EngineConfig {
                 timeout: Duration::from_secs(10),
             },
             poll: (Duration::from_millis(5), Duration::from_millis(250)),
+            notified_poll: Duration::from_secs(1),
             retry_after: Duration::from_secs(1),
             complete_attempts: 4,
             store_timeout: Duration::from_secs(5),
@@ -61,6 +66,16 @@ impl Default for EngineConfig {
 const LONGEST: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 
 impl EngineConfig {
+    /// The polling backoff of a key's watch: fast when polls are the only way to learn of an
+    /// owner in another process finishing, slow when notifications tell it.
+    pub(crate) fn poll(&self, notified: bool) -> (Duration, Duration) {
+        if notified {
+            (self.notified_poll / 10, self.notified_poll)
+        } else {
+            self.poll
+        }
+    }
+
     /// The renewal period: a quarter of the lease.
     pub(crate) fn renew_every(&self) -> Duration {
         self.lease / 4
@@ -94,11 +109,15 @@ impl EngineConfig {
         if self.max_waiters_per_key == 0 {
             return Err(ConfigError::ZeroWaiters);
         }
+        if self.notified_poll.is_zero() {
+            return Err(ConfigError::ZeroNotifiedPoll);
+        }
         for (name, value) in [
             ("lease", self.lease),
             ("retention", self.retention),
             ("store_timeout", self.store_timeout),
             ("retry_after", self.retry_after),
+            ("poll_when_notified", self.notified_poll),
         ] {
             if value > LONGEST || tokio::time::Instant::now().checked_add(value).is_none() {
                 return Err(ConfigError::TooLong {
@@ -151,6 +170,10 @@ pub enum ConfigError {
     /// A cap of zero waiters turns every concurrent duplicate into a 409.
     #[error("max_waiters_per_key is zero; use InProgressPolicy::Reject to refuse concurrent duplicates, or allow at least one waiter")]
     ZeroWaiters,
+
+    /// A zero pause would make every waiter's watch poll the store in a busy loop.
+    #[error("poll_when_notified is zero, which would poll the store in a busy loop; set it to a second or so")]
+    ZeroNotifiedPoll,
 
     /// The lease cannot survive two failed renewals: the owner renews every quarter of the
     /// lease and retries a failure after a sixteenth of it, each attempt bounded by

@@ -146,12 +146,28 @@ impl Engine {
     }
 
     pub(crate) fn with_config(store: Arc<dyn Store>, config: EngineConfig) -> Self {
-        Self {
+        let engine = Self {
             store,
             config: Arc::new(config),
             waiters: Arc::default(),
             in_flight: Arc::default(),
+        };
+        // Listen for completions from the start when we can, so that the first waiters do
+        // not miss the notification they wait for; otherwise the first waiter starts it.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            engine.follow_completions();
         }
+        engine
+    }
+
+    /// Follows the store's completion notifications, if it has any (once per engine).
+    pub(crate) fn follow_completions(&self) {
+        self.waiters.follow(|| self.store.completions());
+    }
+
+    /// The polling backoff of a key's watch.
+    pub(crate) fn poll(&self) -> (Duration, Duration) {
+        self.config.poll(self.waiters.notified())
     }
 
     /// How many keys requests of this process are waiting on right now (each with one shared
@@ -336,6 +352,7 @@ impl Engine {
         let _entered = span.enter();
         let _wait = crate::metrics::Wait::start();
         let deadline = Instant::now() + timeout;
+        self.follow_completions();
         let Some(mut subscription) =
             self.waiters
                 .subscribe(&key, self.config.max_waiters_per_key, |watch| {
@@ -377,7 +394,7 @@ impl Engine {
     async fn watch(self, key: StoreKey, watch: Arc<waiters::KeyWatch>) {
         let (engine, key) = (&self, &key);
         watch
-            .poll(self.config.poll, move || async move {
+            .poll(self.poll(), move || async move {
                 let lookup = engine.bounded(engine.store.lookup(key));
                 match crate::metrics::store_call("lookup", lookup).await {
                     Ok(Some(record)) => Seen::Record(record),

@@ -6,11 +6,16 @@
 //! and hands every result to all of them through a `watch` channel. The entry of a key counts
 //! its subscribers explicitly, under the map's lock: the last one out removes the entry and
 //! stops the poller, so nothing is left behind however many waiters leave at once.
+//!
+//! When the store notifies completions ([`Store::completions`](crate::store::Store::completions)),
+//! one task per process follows that feed and pokes the watch of the key each notification
+//! names (by the key's digest), so a waiter learns of an owner in another process finishing
+//! as soon as this process does of one of its own; the pollers then only back that up, slowly.
 
 use std::{
     collections::{hash_map, HashMap},
     future::Future,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, OnceLock, PoisonError, Weak},
     time::Duration,
 };
 
@@ -21,7 +26,7 @@ use tokio::{
 
 use crate::{
     record::{Record, StoreKey},
-    store::StoreError,
+    store::{Completion, Completions, StoreError},
 };
 
 /// One look at the store, as the waiters of a key see it.
@@ -80,11 +85,32 @@ struct Entry {
     subscribers: usize,
     watch: Arc<KeyWatch>,
     poller: JoinHandle<()>,
+    /// The key's digest, under which notifications name it (only while a feed is followed).
+    digest: Option<[u8; 32]>,
+}
+
+#[derive(Default)]
+struct Map {
+    by_key: HashMap<StoreKey, Entry>,
+    /// The keys that have waiters, by digest, for the notifications of the store's feed.
+    by_digest: HashMap<[u8; 32], StoreKey>,
 }
 
 #[derive(Default)]
 pub(crate) struct Waiters {
-    by_key: Mutex<HashMap<StoreKey, Entry>>,
+    map: Mutex<Map>,
+    /// The task following the store's completion feed, if the store has one; `None` inside
+    /// when it has not (decided once, by the first caller of `follow`).
+    feed: OnceLock<Option<Follower>>,
+}
+
+/// The feed-following task; stopped with the waiters.
+struct Follower(JoinHandle<()>);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// One waiter's interest in a key; dropping it forgets the key once nobody else waits on it.
@@ -103,19 +129,26 @@ impl Waiters {
         max: usize,
         start: impl FnOnce(Arc<KeyWatch>) -> JoinHandle<()>,
     ) -> Option<Subscription<'_>> {
-        let mut map = self.lock();
-        let entry = match map.entry(key.clone()) {
+        let notified = self.notified();
+        let mut guard = self.lock();
+        let map = &mut *guard;
+        let entry = match map.by_key.entry(key.clone()) {
             hash_map::Entry::Occupied(entry) => entry.into_mut(),
             hash_map::Entry::Vacant(vacant) => {
                 let watch = Arc::new(KeyWatch {
                     seen: watch::Sender::new(None),
                     look_now: Notify::new(),
                 });
+                let digest = notified.then(|| key.digest());
+                if let Some(digest) = digest {
+                    map.by_digest.insert(digest, key.clone());
+                }
                 let poller = start(watch.clone());
                 vacant.insert(Entry {
                     subscribers: 0,
                     watch,
                     poller,
+                    digest,
                 })
             }
         };
@@ -133,20 +166,64 @@ impl Waiters {
     /// Asks the poller of `key`, if any, to look now (called after the owner completed or
     /// released it).
     pub(crate) fn wake(&self, key: &StoreKey) {
-        if let Some(entry) = self.lock().get(key) {
+        if let Some(entry) = self.lock().by_key.get(key) {
+            entry.watch.look_now.notify_one();
+        }
+    }
+
+    /// Follows the store's completion feed from now on, if `completions` gives one (called
+    /// once; later calls do nothing). Must run inside a Tokio runtime.
+    pub(crate) fn follow(self: &Arc<Self>, completions: impl FnOnce() -> Option<Completions>) {
+        self.feed.get_or_init(|| {
+            let feed = completions()?;
+            Some(Follower(tokio::spawn(follow(Arc::downgrade(self), feed))))
+        });
+    }
+
+    /// Whether completions are followed: the pollers then only back the notifications up.
+    pub(crate) fn notified(&self) -> bool {
+        matches!(self.feed.get(), Some(Some(_)))
+    }
+
+    fn wake_digest(&self, digest: &[u8; 32]) {
+        let map = self.lock();
+        if let Some(entry) = map
+            .by_digest
+            .get(digest)
+            .and_then(|key| map.by_key.get(key))
+        {
+            entry.watch.look_now.notify_one();
+        }
+    }
+
+    fn wake_all(&self) {
+        for entry in self.lock().by_key.values() {
             entry.watch.look_now.notify_one();
         }
     }
 
     /// How many keys have waiters right now.
     pub(crate) fn keys(&self) -> usize {
-        self.lock().len()
+        self.lock().by_key.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StoreKey, Entry>> {
-        // Every change under the lock is a single insert, increment, decrement or removal:
-        // a panicking holder cannot leave it half-done.
-        self.by_key.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Map> {
+        // Every change under the lock is a single insert, increment, decrement or removal
+        // (of a key and its digest together): a panicking holder cannot leave it half-done.
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Pokes the watch of every key the feed names, until the waiters or the store are gone.
+async fn follow(waiters: Weak<Waiters>, mut feed: Completions) {
+    while let Some(completion) = feed.next().await {
+        let Some(waiters) = waiters.upgrade() else {
+            return;
+        };
+        match completion {
+            Completion::Key(digest) => waiters.wake_digest(&digest),
+            Completion::Missed => waiters.wake_all(),
+        }
     }
 }
 
@@ -161,11 +238,16 @@ impl Subscription<'_> {
 
 impl Drop for Subscription<'_> {
     fn drop(&mut self) {
-        let mut map = self.waiters.lock();
-        if let hash_map::Entry::Occupied(mut entry) = map.entry(self.key.clone()) {
+        let mut guard = self.waiters.lock();
+        let map = &mut *guard;
+        if let hash_map::Entry::Occupied(mut entry) = map.by_key.entry(self.key.clone()) {
             entry.get_mut().subscribers -= 1;
             if entry.get().subscribers == 0 {
-                entry.remove().poller.abort();
+                let entry = entry.remove();
+                entry.poller.abort();
+                if let Some(digest) = entry.digest {
+                    map.by_digest.remove(&digest);
+                }
             }
         }
     }

@@ -24,8 +24,10 @@
 //! 6. **Errors stay typed**: a failure of the backend is [`StoreError::Backend`] with the
 //!    backend's own error as its source; callers treat it as "the store is unavailable".
 //!
-//! No method has a default implementation: a default built from other methods could not be
-//! atomic.
+//! No operation has a default implementation: a default built from other methods could not be
+//! atomic. The one default, [`Store::completions`], is not an operation on records but an
+//! optional capability (completion notifications, which only make waiters look sooner); a
+//! store without it returns `None` and the waiters of other processes poll.
 
 use std::{sync::Arc, time::Duration};
 
@@ -34,11 +36,14 @@ use bytes::Bytes;
 
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 
+mod completions;
 mod error;
 #[cfg(feature = "memory")]
 mod memory;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod pg_notify;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod purger;
@@ -51,6 +56,8 @@ pub(crate) mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder, ReplicaWaitTimedOut};
+pub(crate) use completions::{keep_listening, Feed, Sender as CompletionSender};
+pub use completions::{Completion, Completions};
 pub use error::StoreError;
 #[cfg(feature = "memory")]
 pub use memory::{MemoryStore, MemoryStoreBuilder};
@@ -102,6 +109,22 @@ pub trait Store: Send + Sync + 'static {
     /// retention) and returns how many it deleted. Call it repeatedly until it returns less
     /// than `batch` to purge everything; each call is short so it never holds long locks.
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError>;
+
+    /// A subscription to the store's completion notifications, if it has them: every
+    /// `complete` and `release` (by any process) is announced with the key's digest, so that
+    /// waiters in this process look at once instead of at their next poll. Called inside a
+    /// Tokio runtime; the first call starts the store's one listening connection.
+    ///
+    /// Optional (the default is `None`: waiters poll). A notification is a hint, never
+    /// required for correctness: it may be lost, and waiters keep polling at a slower pace.
+    ///
+    /// PostgreSQL (`LISTEN`/`NOTIFY`) and Redis on one server (pub/sub) have them. MySQL /
+    /// MariaDB and SQLite have no such primitive and Redis Cluster does not use one (see
+    /// `RedisStoreBuilder::notify_with`): their waiters in other processes poll, 5 ms doubling to
+    /// 250 ms. The memory store serves one process, whose waiters its owners wake directly.
+    fn completions(&self) -> Option<Completions> {
+        None
+    }
 }
 
 #[async_trait]
@@ -139,5 +162,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
         (**self).purge_expired(batch).await
+    }
+
+    fn completions(&self) -> Option<Completions> {
+        (**self).completions()
     }
 }

@@ -184,7 +184,7 @@ impl Assemble for MySqlStore {
     type Pool = MySqlPool;
     const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
 
-    fn assemble(pool: MySqlPool, table: TableName) -> Self {
+    fn assemble(pool: MySqlPool, table: TableName, _notify: bool) -> Self {
         Self {
             pool,
             sql: Arc::new(Statements::new(table)),
@@ -214,6 +214,7 @@ impl MySqlStore {
         Self::assemble(
             pool,
             TableName::new(Self::DEFAULT_TABLE).expect("the default table name is valid"),
+            false,
         )
     }
 

@@ -8,7 +8,10 @@ use bytes::Bytes;
 use sqlx::SqlStr;
 use sqlx::{PgPool, Row};
 
-use super::{sql_builder::sealed::Assemble, SqlStore, SqlStoreBuilder, Store, StoreError};
+use super::{
+    keep_listening, pg_notify, sql_builder::sealed::Assemble, Completions, Feed, SqlStore,
+    SqlStoreBuilder, Store, StoreError,
+};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 use crate::sql::{self, statement, TableName};
 
@@ -74,6 +77,16 @@ const CLAIM_ATTEMPTS: usize = 8;
 /// Every time — lease ends, retention ends, purges — is measured by the database's clock
 /// (`now()`), never the application's.
 ///
+/// # Completion notifications
+///
+/// `complete` and `release` `NOTIFY` a channel named after the table with the key's digest,
+/// from the same statement (no extra round trip), and each store value (with its clones)
+/// keeps one connection (besides its pool) `LISTEN`ing once an engine on it starts, so a
+/// duplicate waiting in another process is woken when the original finishes instead of at its
+/// next poll (see [`Store::completions`]). PostgreSQL serialises the commits of notifying
+/// transactions; [`PostgresStoreBuilder::completion_notifications`] turns the notifications
+/// off, and waiters then poll.
+///
 /// # Purging
 ///
 /// Expired rows are harmless (they count as absent and a claim overwrites them) but take
@@ -83,6 +96,7 @@ const CLAIM_ATTEMPTS: usize = 8;
 pub struct PostgresStore {
     pool: PgPool,
     sql: Arc<Statements>,
+    feed: Arc<Feed>,
 }
 
 /// Builds a [`PostgresStore`] with a table name other than the default.
@@ -103,6 +117,8 @@ pub type PostgresStoreBuilder = SqlStoreBuilder<PostgresStore>;
 /// built once from a validated [`TableName`]; sqlx then prepares each once per connection.
 struct Statements {
     table: TableName,
+    /// The channel notified of completions and releases, if they notify.
+    channel: Option<String>,
     schema: String,
     claim: SqlStr,
     renew: SqlStr,
@@ -113,8 +129,9 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(table: TableName) -> Self {
+    fn new(table: TableName, notify: bool) -> Self {
         let t = table.as_str();
+        let channel = notify.then(|| pg_notify::channel(&table));
         let index = table.derived("expires_at_idx");
         // The CHECK makes a row that is both (or neither) in progress and completed
         // impossible, so `payload IS NULL` alone can tell the two states apart.
@@ -169,6 +186,13 @@ SELECT false, fingerprint, payload FROM live"
     WHERE {fence}"
         );
         let release = format!("DELETE FROM {t} WHERE {fence}");
+        let (complete, release) = match &channel {
+            Some(channel) => (
+                pg_notify::notifying(&complete, channel, 6),
+                pg_notify::notifying(&release, channel, 4),
+            ),
+            None => (complete, release),
+        };
         let lookup = format!(
             "SELECT fingerprint, payload FROM {t}
     WHERE scope = $1 AND key = $2 AND expires_at > now()"
@@ -186,6 +210,7 @@ SELECT false, fingerprint, payload FROM live"
         );
         Self {
             table,
+            channel,
             schema,
             claim: statement(claim),
             renew: statement(renew),
@@ -221,7 +246,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn new(pool: PgPool) -> Self {
-        Self::assemble(pool, default_table())
+        Self::assemble(pool, default_table(), true)
     }
 
     /// A builder, to choose the table name.
@@ -235,6 +260,12 @@ impl PostgresStore {
     /// ```
     pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
         SqlStoreBuilder::new(pool)
+    }
+
+    /// The channel `complete` and `release` notify, if they do (for the transactional mode,
+    /// whose completion notifies the same listeners).
+    pub(crate) fn channel(&self) -> Option<&str> {
+        self.sql.channel.as_deref()
     }
 
     /// The table this store uses.
@@ -306,11 +337,22 @@ impl Assemble for PostgresStore {
     type Pool = PgPool;
     const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
 
-    fn assemble(pool: PgPool, table: TableName) -> Self {
+    fn assemble(pool: PgPool, table: TableName, notify: bool) -> Self {
         Self {
             pool,
-            sql: Arc::new(Statements::new(table)),
+            sql: Arc::new(Statements::new(table, notify)),
+            feed: Arc::default(),
         }
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// Whether `complete` and `release` notify waiters in other processes (default on; see
+    /// [`Store::completions`]): the settling statement itself calls `pg_notify` on a channel
+    /// named after the table, and each store keeps one extra connection `LISTEN`ing.
+    /// PostgreSQL serialises the commits of notifying transactions; off, waiters poll.
+    pub fn completion_notifications(self, on: bool) -> Self {
+        self.notify(on)
     }
 }
 
@@ -395,12 +437,14 @@ impl Store for PostgresStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(self.sql.complete.clone())
+        let token = token.to_bytes();
+        let query = sqlx::query(self.sql.complete.clone())
             .bind(key.scope())
             .bind(key.key())
-            .bind(token.to_bytes().as_slice())
+            .bind(token.as_slice())
             .bind(payload.as_ref())
-            .bind(sql::millis(retention)?)
+            .bind(sql::millis(retention)?);
+        let done = pg_notify::bind_payload(query, key, self.sql.channel.is_some())
             .execute(&self.pool)
             .await
             .map_err(backend)?;
@@ -408,10 +452,12 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
-        let done = sqlx::query(self.sql.release.clone())
+        let token = token.to_bytes();
+        let query = sqlx::query(self.sql.release.clone())
             .bind(key.scope())
             .bind(key.key())
-            .bind(token.to_bytes().as_slice())
+            .bind(token.as_slice());
+        let done = pg_notify::bind_payload(query, key, self.sql.channel.is_some())
             .execute(&self.pool)
             .await
             .map_err(backend)?;
@@ -436,6 +482,16 @@ impl Store for PostgresStore {
             .map_err(backend)?;
         Ok(done.rows_affected())
     }
+
+    fn completions(&self) -> Option<Completions> {
+        let channel = self.sql.channel.clone()?;
+        let pool = self.pool.clone();
+        Some(self.feed.subscribe(|sender| {
+            keep_listening("postgres", sender, move |sender| {
+                pg_notify::listen(pool.clone(), channel.clone(), sender)
+            })
+        }))
+    }
 }
 
 #[cfg(test)]
@@ -446,7 +502,7 @@ mod tests {
     fn type_docs_show_the_default_schema() {
         // Users who run their own migrations copy the DDL from the docs: keep it in step.
         let source = include_str!("postgres.rs");
-        for line in Statements::new(default_table()).schema.lines() {
+        for line in Statements::new(default_table(), true).schema.lines() {
             let documented = format!("/// {line}");
             assert!(
                 source

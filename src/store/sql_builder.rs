@@ -25,6 +25,9 @@ use crate::sql::{InvalidIdentifier, TableName};
 pub struct SqlStoreBuilder<S: SqlStore> {
     pool: S::Pool,
     table: String,
+    /// Whether settling statements notify waiters in other processes; only PostgreSQL can
+    /// (see `PostgresStoreBuilder::completion_notifications`), the others ignore it and poll.
+    notify: bool,
 }
 
 /// A store [`SqlStoreBuilder`] builds. Implemented by this crate's SQL stores only.
@@ -39,8 +42,9 @@ pub(crate) mod sealed {
         type Pool: Clone + std::fmt::Debug;
         /// The table used unless the builder names another.
         const DEFAULT_TABLE: &'static str;
-        /// The store on `pool`, its statements rendered for `table`.
-        fn assemble(pool: Self::Pool, table: TableName) -> Self;
+        /// The store on `pool`, its statements rendered for `table`; `notify`: whether
+        /// completions notify waiters in other processes, where the database can.
+        fn assemble(pool: Self::Pool, table: TableName, notify: bool) -> Self;
     }
 }
 
@@ -49,7 +53,13 @@ impl<S: SqlStore> SqlStoreBuilder<S> {
         Self {
             pool,
             table: S::DEFAULT_TABLE.to_owned(),
+            notify: true,
         }
+    }
+
+    pub(crate) fn notify(mut self, on: bool) -> Self {
+        self.notify = on;
+        self
     }
 
     /// The table to use, optionally qualified (`schema.table`; on MySQL `database.table`, on
@@ -63,7 +73,11 @@ impl<S: SqlStore> SqlStoreBuilder<S> {
     /// Builds the store, or says why the table name was refused. It does not touch the
     /// database: call the store's `migrate` (or run its `schema_sql` yourself) before using it.
     pub fn build(self) -> Result<S, InvalidIdentifier> {
-        Ok(S::assemble(self.pool, TableName::new(self.table)?))
+        Ok(S::assemble(
+            self.pool,
+            TableName::new(self.table)?,
+            self.notify,
+        ))
     }
 }
 
@@ -72,6 +86,7 @@ impl<S: SqlStore> Clone for SqlStoreBuilder<S> {
         Self {
             pool: self.pool.clone(),
             table: self.table.clone(),
+            notify: self.notify,
         }
     }
 }
@@ -81,6 +96,7 @@ impl<S: SqlStore> fmt::Debug for SqlStoreBuilder<S> {
         f.debug_struct("SqlStoreBuilder")
             .field("pool", &self.pool)
             .field("table", &self.table)
+            .field("notify", &self.notify)
             .finish()
     }
 }

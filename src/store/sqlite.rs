@@ -171,7 +171,7 @@ impl Assemble for SqliteStore {
     type Pool = SqlitePool;
     const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
 
-    fn assemble(pool: SqlitePool, table: TableName) -> Self {
+    fn assemble(pool: SqlitePool, table: TableName, _notify: bool) -> Self {
         Self {
             pool,
             sql: Arc::new(Statements::new(table)),
@@ -212,6 +212,7 @@ impl SqliteStore {
         Self::assemble(
             pool,
             TableName::new(Self::DEFAULT_TABLE).expect("the default table name is valid"),
+            false,
         )
     }
 

@@ -201,6 +201,7 @@ impl<S: TransactionalStore> Transactional<S> {
             return Err(engine.still_running());
         };
         let deadline = Instant::now() + timeout;
+        engine.follow_completions();
         let Some(mut subscription) =
             engine
                 .waiters
@@ -243,7 +244,7 @@ impl<S: TransactionalStore> Transactional<S> {
     async fn watch(self, key: StoreKey, watch: Arc<KeyWatch>) {
         let (mode, key) = (&self, &key);
         watch
-            .poll(self.engine.config.poll, move || async move {
+            .poll(self.engine.poll(), move || async move {
                 match mode.engine.bounded(mode.dialect.probe(key)).await {
                     Ok(Probe::Live(record)) => Seen::Record(record),
                     Ok(Probe::Busy) => Seen::Busy,

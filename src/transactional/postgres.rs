@@ -21,7 +21,7 @@ use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
 use crate::{
     record::{Fingerprint, StoreKey, Token},
     sql,
-    store::{PostgresStore, StoreError},
+    store::{pg_notify, PostgresStore, StoreError},
 };
 
 const BACKEND: &str = "postgres";
@@ -34,6 +34,9 @@ struct PgDialect {
     claim: sqlx::SqlStr,
     complete: sqlx::SqlStr,
     probe: sqlx::SqlStr,
+    /// Whether `complete` notifies the store's listeners (at commit), taking the key's
+    /// digest as its last parameter.
+    notify: bool,
 }
 
 impl TransactionalStore for PostgresStore {
@@ -72,6 +75,12 @@ impl TransactionalStore for PostgresStore {
                  expires_at = clock_timestamp() + $5 * interval '1 millisecond' \
              WHERE scope = $1 AND key = $2 AND token = $3"
         );
+        // The notification is queued by the completing statement and delivered at commit,
+        // never on rollback.
+        let complete = match self.channel() {
+            Some(channel) => pg_notify::notifying(&complete, channel, 6),
+            None => complete,
+        };
         // Outside a transaction the advisory lock lives for this one statement: it only asks
         // whether a transaction holds it right now.
         let probe = format!(
@@ -84,6 +93,7 @@ impl TransactionalStore for PostgresStore {
             claim: sql::statement(claim),
             complete: sql::statement(complete),
             probe: sql::statement(probe),
+            notify: self.channel().is_some(),
         })
     }
 }
@@ -189,12 +199,14 @@ impl TxDialect<Postgres> for PgDialect {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(self.complete.clone())
+        let token = token.to_bytes();
+        let query = sqlx::query(self.complete.clone())
             .bind(key.scope())
             .bind(key.key())
-            .bind(token.to_bytes().as_slice())
+            .bind(token.as_slice())
             .bind(payload.as_ref())
-            .bind(sql::millis(retention)?)
+            .bind(sql::millis(retention)?);
+        let done = pg_notify::bind_payload(query, key, self.notify)
             .execute(&mut *conn)
             .await
             .map_err(backend)?;

@@ -3,6 +3,7 @@
 
 mod codec;
 mod connection;
+mod notify;
 mod prefix;
 mod replica_wait;
 mod scripts;
@@ -20,11 +21,12 @@ use redis::{
 use self::{
     codec::{claim_value, completed_fence, decode, fence, millis},
     connection::{Cluster, Connection},
+    notify::Notifier,
     replica_wait::ReplicaWait,
     scripts::{COMPLETE, RELEASE, RENEW},
 };
 pub use self::{prefix::InvalidPrefix, replica_wait::ReplicaWaitTimedOut};
-use super::{Store, StoreError};
+use super::{Completions, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 
 const BACKEND: &str = "redis";
@@ -110,6 +112,7 @@ pub struct RedisStore {
     connection: Connection,
     prefix: Arc<str>,
     replica_wait: Option<ReplicaWait>,
+    notifier: Option<Notifier>,
 }
 
 /// Builds a [`RedisStore`] with a key prefix other than the default `"tower-idempotency:"`
@@ -133,6 +136,7 @@ pub struct RedisStore {
 pub struct RedisStoreBuilder {
     prefix: String,
     replica_wait: Option<ReplicaWait>,
+    notify_with: Option<redis::Client>,
 }
 
 impl RedisStoreBuilder {
@@ -201,11 +205,32 @@ impl RedisStoreBuilder {
         self.with(Connection::Single(connection))
     }
 
+    /// Completion notifications (one server only): `complete` and `release` publish the
+    /// key's digest on the channel `<prefix>settled`, and the store subscribes with `client`
+    /// (one pub/sub connection per store value and its clones, opened when the first engine
+    /// on it starts), so that a duplicate waiting in another process is woken when the original
+    /// finishes instead of at its next poll (see [`Store::completions`]).
+    /// [`open`](Self::open) turns them on with its own client; a store from
+    /// [`build`](Self::build) notifies only with this. Ignored on a cluster, whose waiters
+    /// poll.
+    pub fn notify_with(mut self, client: redis::Client) -> Self {
+        self.notify_with = Some(client);
+        self
+    }
+
     fn with(self, connection: Connection) -> Result<RedisStore, InvalidPrefix> {
+        let prefix: Arc<str> = prefix::validate(self.prefix)?.into();
+        let notifier = match &connection {
+            Connection::Single(_) => self
+                .notify_with
+                .map(|client| Notifier::new(client, &prefix)),
+            Connection::Cluster(_) => None,
+        };
         Ok(RedisStore {
             connection,
-            prefix: prefix::validate(self.prefix)?.into(),
+            prefix,
             replica_wait: self.replica_wait,
+            notifier,
         })
     }
 
@@ -227,10 +252,12 @@ impl RedisStoreBuilder {
         self.check_prefix()?;
         let client = redis::Client::open(url).map_err(backend)?;
         let connection =
-            ConnectionManager::new_with_config(client, RedisStore::connection_config())
+            ConnectionManager::new_with_config(client.clone(), RedisStore::connection_config())
                 .await
                 .map_err(backend)?;
-        self.build(connection)
+        let notify_with = self.notify_with.clone().unwrap_or(client);
+        self.notify_with(notify_with)
+            .build(connection)
             .map_err(|invalid| StoreError::Config(invalid.to_string()))
     }
 
@@ -290,6 +317,7 @@ impl Default for RedisStoreBuilder {
         Self {
             prefix: RedisStore::DEFAULT_PREFIX.into(),
             replica_wait: None,
+            notify_with: None,
         }
     }
 }
@@ -469,6 +497,21 @@ impl RedisStore {
         out
     }
 
+    /// Adds the channel and the key's digest (`redis_key` without the prefix) to a settling
+    /// script's arguments when this store notifies.
+    fn publishing<'a, 'b>(
+        &self,
+        script: &'a mut redis::ScriptInvocation<'b>,
+        redis_key: &str,
+    ) -> &'a mut redis::ScriptInvocation<'b> {
+        if let Some(notifier) = &self.notifier {
+            script
+                .arg(notifier.channel())
+                .arg(&redis_key[self.prefix.len()..]);
+        }
+        script
+    }
+
     /// Runs a fencing script; its 0 means the token does not hold the claim.
     async fn fenced(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<(), StoreError> {
         let acted: i64 = invocation
@@ -577,20 +620,22 @@ impl Store for RedisStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        self.fenced(
-            COMPLETE
-                .key(self.redis_key(key))
-                .arg(&fence(token)[..])
-                .arg(&completed_fence(token)[..])
-                .arg(&payload[..])
-                .arg(millis(retention)?),
-        )
-        .await
+        let redis_key = self.redis_key(key);
+        let mut complete = COMPLETE.key(&redis_key);
+        complete
+            .arg(&fence(token)[..])
+            .arg(&completed_fence(token)[..])
+            .arg(&payload[..])
+            .arg(millis(retention)?);
+        self.fenced(self.publishing(&mut complete, &redis_key))
+            .await
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
-        self.fenced(RELEASE.key(self.redis_key(key)).arg(&fence(token)[..]))
-            .await
+        let redis_key = self.redis_key(key);
+        let mut release = RELEASE.key(&redis_key);
+        release.arg(&fence(token)[..]);
+        self.fenced(self.publishing(&mut release, &redis_key)).await
     }
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
@@ -606,6 +651,10 @@ impl Store for RedisStore {
         // Every record carries its own PX, and Redis deletes expired keys by itself; finding
         // ours would mean a SCAN of the whole keyspace, on every node of a cluster.
         Ok(0)
+    }
+
+    fn completions(&self) -> Option<Completions> {
+        self.notifier.as_ref().map(Notifier::subscribe)
     }
 }
 
