@@ -69,10 +69,12 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
     /// enforce it.
     async fn begin(&self, idle_limit: Duration) -> Result<Transaction<'static, DB>, StoreError>;
 
-    /// Claims `key` inside the transaction `conn` is in. The claim row is visible to nobody
-    /// else before it commits, completed; `lease` is its expiry should it ever be committed
-    /// while still in progress (a handler that commits the transaction itself), so that it
-    /// then ends like a claim of the separate mode.
+    /// Claims `key` inside the transaction `conn` is in. Whatever the claim writes is visible
+    /// to nobody else before it commits, completed; where it writes a row, `lease` is that
+    /// row's expiry should it ever be committed while still in progress (a handler that
+    /// commits the transaction itself), so that it then ends like a claim of the separate
+    /// mode. A dialect whose claim is a lock may write nothing here and the whole record in
+    /// [`commit_with`](Self::commit_with).
     async fn claim_in(
         &self,
         conn: &mut DB::Connection,
