@@ -4,6 +4,9 @@
 //! INSERT. Nothing of it may persist, and it answers with the recorded outcome, as a
 //! duplicate. Real server, real concurrent transactions; effects are counted in the database.
 
+#![cfg(feature = "postgres")]
+
+#[path = "support/backends.rs"]
 mod backends;
 
 use std::{
