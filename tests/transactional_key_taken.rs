@@ -84,9 +84,18 @@ async fn an_owner_whose_key_was_recorded_meanwhile_rolls_back_and_replays_the_re
         })
         .await
         .expect("run_once");
-    assert_eq!(execution, Execution::Replayed(Bytes::from_static(b"separate")));
-    assert_eq!(effects(&store, &table, &key).await, 0, "the owner's write rolled back");
-    let _ = sqlx::query(&format!("DROP TABLE {table}")).execute(store.pool()).await;
+    assert_eq!(
+        execution,
+        Execution::Replayed(Bytes::from_static(b"separate"))
+    );
+    assert_eq!(
+        effects(&store, &table, &key).await,
+        0,
+        "the owner's write rolled back"
+    );
+    let _ = sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(store.pool())
+        .await;
 }
 
 /// Many transactional owners and separate-mode runs of the same keys, released together: per
@@ -159,8 +168,14 @@ async fn a_storm_of_both_modes_on_one_key_commits_exactly_one_effect() {
             b"separate"
         };
         for output in &outputs[index * COPIES..(index + 1) * COPIES] {
-            assert_eq!(output.as_ref(), winner, "every copy of {key:?} answers the winner's output");
+            assert_eq!(
+                output.as_ref(),
+                winner,
+                "every copy of {key:?} answers the winner's output"
+            );
         }
     }
-    let _ = sqlx::query(&format!("DROP TABLE {table}")).execute(store.pool()).await;
+    let _ = sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(store.pool())
+        .await;
 }
