@@ -179,3 +179,44 @@ async fn a_storm_of_both_modes_on_one_key_commits_exactly_one_effect() {
         .execute(store.pool())
         .await;
 }
+
+/// The record is written with its key and payload as SQL literals (one round trip with the
+/// COMMIT): quotes, backslashes and non-ASCII in the key, and every byte value in the
+/// payload, come back verbatim, and the key's separate-mode lookup finds the same record.
+#[tokio::test]
+async fn keys_and_payloads_with_quotes_backslashes_and_any_bytes_are_recorded_verbatim() {
+    let Some((store, table)) = fixture().await else {
+        return;
+    };
+    let mode = Transactional::new(store.clone());
+    let key = StoreKey::new(
+        "tx-taken-'\\scope",
+        format!("it's a \\'key\\' ü {}", Token::random().to_hex()),
+    );
+    let fingerprint = Fingerprint::of([b"m".as_slice()]);
+    let payload = Bytes::from((0..=255u8).collect::<Vec<u8>>());
+    for delivery in 0..2 {
+        let output = payload.clone();
+        let execution = mode
+            .run_once(key.clone(), fingerprint, move |_| {
+                Box::pin(async move { Ok::<_, sqlx::Error>(output) })
+            })
+            .await
+            .expect("run_once");
+        match (delivery, execution) {
+            (0, Execution::Ran(out)) | (1, Execution::Replayed(out)) => assert_eq!(out, payload),
+            (delivery, other) => panic!("delivery {delivery}: {other:?}"),
+        }
+    }
+    let separate = Engine::new(store.clone());
+    let replayed = separate
+        .run_once(key, fingerprint, || async {
+            Ok::<_, std::convert::Infallible>(Bytes::from_static(b"ran again"))
+        })
+        .await
+        .expect("separate lookup");
+    assert_eq!(replayed, Execution::Replayed(payload));
+    let _ = sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(store.pool())
+        .await;
+}
