@@ -225,7 +225,7 @@ where
                         // As in the separate mode: a waiting duplicate holds no readied service.
                         let unreadied = inner.clone();
                         drop(inner);
-                        match mode.wait_for(key, fingerprint).await {
+                        match mode.wait_for(key.clone(), fingerprint).await {
                             Ok(HttpBegin::Run(owner)) => match ready(unreadied).await {
                                 Ok(inner) => (owner, inner),
                                 Err(error) => {
@@ -240,7 +240,13 @@ where
                     Err(error) => return Ok(render(&config, rejection_for(error))),
                 };
                 let request = Request::from_parts(parts, ReqBody::from(body));
-                transactional::execute(inner, owner, request, config, retry_after).await
+                let duplicate = transactional::AsDuplicate {
+                    mode,
+                    key,
+                    fingerprint,
+                };
+                transactional::execute(inner, owner, request, config, retry_after, Some(duplicate))
+                    .await
             };
             return run_detachable(claim_and_run, detach, slots, deadline).await;
         }
@@ -326,7 +332,7 @@ where
     let deadline = tokio::time::Instant::now() + config.max_handler_lifetime;
     let (detach, slots) = (config.detach, config.detached.clone());
     let owner = mode.begin_unkeyed();
-    let work = transactional::execute(inner, owner, request, config, retry_after);
+    let work = transactional::execute(inner, owner, request, config, retry_after, None);
     run_detachable(work, detach, slots, deadline).await
 }
 
@@ -354,7 +360,7 @@ where
     }
 }
 
-fn rejection_for(error: EngineError) -> Rejection {
+pub(super) fn rejection_for(error: EngineError) -> Rejection {
     match error {
         EngineError::FingerprintMismatch => Rejection::KeyReused,
         EngineError::InProgress { retry_after } => Rejection::InProgress { retry_after },
@@ -362,7 +368,7 @@ fn rejection_for(error: EngineError) -> Rejection {
     }
 }
 
-fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
+pub(super) fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
     match replay::decode(payload) {
         Ok(StoredResponse::Response {
             status,

@@ -20,7 +20,7 @@ use super::{
     policy::DoNotStore,
     rejection::Rejection,
     replay,
-    service::render,
+    service::{rejection_for, render, replay as replay_response},
 };
 use crate::{
     engine::EngineError,
@@ -114,14 +114,44 @@ impl<DB: sqlx::Database> HttpOwner for TxOwner<DB> {
 
 pub(crate) type SharedTxMode = Arc<dyn TxMode>;
 
+/// A keyed request, for answering it as a duplicate when its commit finds that another
+/// request recorded the key first ([`CommitError::KeyTaken`]).
+pub(crate) struct AsDuplicate {
+    pub(crate) mode: SharedTxMode,
+    pub(crate) key: StoreKey,
+    pub(crate) fingerprint: Fingerprint,
+}
+
+impl AsDuplicate {
+    /// Waits for the recorded outcome and replays it, like any duplicate. Should the key be
+    /// free again by then (the record expired at once), the client is told to retry: its
+    /// request was rolled back and cannot run a second time here.
+    async fn answer(
+        self,
+        config: &Config,
+        retry_after: std::time::Duration,
+    ) -> Response<ResponseBody> {
+        match self.mode.wait_for(self.key, self.fingerprint).await {
+            Ok(HttpBegin::Replay(payload)) => replay_response(config, payload),
+            Ok(HttpBegin::Run(owner)) => {
+                owner.rollback().await;
+                render(config, Rejection::NotCommitted { retry_after })
+            }
+            Err(error) => render(config, rejection_for(error)),
+        }
+    }
+}
+
 /// Runs the inner service on the owner's transaction and commits its response with it. The
-/// client gets the handler's answer only if that commit succeeded.
+/// client gets the handler's answer only if that commit succeeded; if another request
+/// recorded the key first, it gets that request's answer (`duplicate`).
 pub(crate) async fn execute<S, ReqBody, ResBody>(
     mut inner: S,
     owner: Box<dyn HttpOwner>,
     mut request: Request<ReqBody>,
     config: Arc<Config>,
     retry_after: std::time::Duration,
+    duplicate: Option<AsDuplicate>,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -181,6 +211,11 @@ where
     };
     match owner.commit(payload).await {
         Ok(()) => Ok(Response::from_parts(parts, body)),
+        Err(CommitError::KeyTaken) => Ok(match duplicate {
+            Some(duplicate) => duplicate.answer(&config, retry_after).await,
+            // Unkeyed work claims no key, so no other request can record it first.
+            None => render(&config, Rejection::NotCommitted { retry_after }),
+        }),
         Err(error) => {
             tracing::error!(error = %error, "commit failed; the handler's writes were rolled back");
             let rejection = match error {

@@ -41,6 +41,16 @@ pub(crate) fn bind_payload<'q>(query: PgQuery<'q>, key: &StoreKey, notifies: boo
     }
 }
 
+/// `SELECT pg_notify(..)` for `key` on `channel` with both as literals, for a statement text
+/// that cannot bind parameters. `channel` is a derived table name and the payload a hex
+/// digest: neither can hold a quote.
+pub(crate) fn notify_call(channel: &str, key: &StoreKey) -> String {
+    format!(
+        "SELECT pg_notify('{channel}', '{}')",
+        completions::encode(&key.digest())
+    )
+}
+
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// One listening session: subscribes on a new connection to `pool`'s database, then passes notifications

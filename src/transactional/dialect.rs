@@ -15,9 +15,10 @@ use crate::{
 /// What a claim inside a transaction found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxClaim {
-    /// The transaction now holds the key (an uncommitted row): run the operation, then
-    /// complete and commit, or roll back. Nobody else can claim the key until this
-    /// transaction ends, and if it rolls back or its connection dies, nothing of it remains.
+    /// The transaction now holds the key (an uncommitted row, or on PostgreSQL a
+    /// transaction-scoped lock): run the operation, then complete and commit, or roll back.
+    /// Nobody else can claim the key until this transaction ends, and if it rolls back or its
+    /// connection dies, nothing of it remains.
     Claimed(Token),
     /// A committed live record is there (the operation already ran, or a claim of the
     /// separate mode is running).
@@ -25,6 +26,16 @@ pub enum TxClaim {
     /// Another transaction holds the key right now. The claim did not wait for it: roll back,
     /// give the connection back, and wait somewhere cheaper.
     Busy,
+}
+
+/// How [`TxDialect::commit_with`] ended when it raised no error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxCommit {
+    /// The outcome and the operation's writes committed together.
+    Committed,
+    /// Another request recorded the key first, so nothing was committed: the transaction,
+    /// the operation's writes included, is rolled back. Answer as a duplicate.
+    KeyTaken,
 }
 
 /// What a duplicate sees from outside any transaction.
@@ -46,8 +57,9 @@ pub enum Probe {
 /// - [`claim_in`](Self::claim_in) is one atomic decision inside the caller's transaction and
 ///   never blocks on another transaction's uncommitted claim of the same key (it answers
 ///   [`TxClaim::Busy`] instead), so a waiting duplicate never holds a pooled connection.
-/// - [`complete_in`](Self::complete_in) turns the caller's uncommitted claim into a completed
-///   record in the same transaction: the record commits together with the operation's writes.
+/// - [`commit_with`](Self::commit_with) writes the completed record in the caller's
+///   transaction and commits it: the record commits together with the operation's writes,
+///   or nothing does.
 /// - [`probe`](Self::probe) runs outside any transaction, takes no lock that outlives it, and
 ///   tells a committed record, a running transaction and a free key apart.
 #[async_trait]
@@ -57,10 +69,12 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
     /// enforce it.
     async fn begin(&self, idle_limit: Duration) -> Result<Transaction<'static, DB>, StoreError>;
 
-    /// Claims `key` inside the transaction `conn` is in. The claim row is visible to nobody
-    /// else before it commits, completed; `lease` is its expiry should it ever be committed
-    /// while still in progress (a handler that commits the transaction itself), so that it
-    /// then ends like a claim of the separate mode.
+    /// Claims `key` inside the transaction `conn` is in. Whatever the claim writes is visible
+    /// to nobody else before it commits, completed; where it writes a row, `lease` is that
+    /// row's expiry should it ever be committed while still in progress (a handler that
+    /// commits the transaction itself), so that it then ends like a claim of the separate
+    /// mode. A dialect whose claim is a lock may write nothing here and the whole record in
+    /// [`commit_with`](Self::commit_with).
     async fn claim_in(
         &self,
         conn: &mut DB::Connection,
@@ -69,19 +83,34 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<TxClaim, StoreError>;
 
-    /// Stores `payload` as the outcome of the claim made with `token`, kept for `retention`,
-    /// in the same transaction.
-    async fn complete_in(
+    /// Stores `payload` as the outcome of the claim made with `token` (of a request with
+    /// `fingerprint`), kept for `retention`, in the transaction `tx`, and commits it. On an
+    /// error, or [`TxCommit::KeyTaken`], nothing of the transaction persists (unless the
+    /// connection broke during the `COMMIT` itself, when the outcome is unknown).
+    async fn commit_with(
         &self,
-        conn: &mut DB::Connection,
+        tx: Transaction<'static, DB>,
         key: &StoreKey,
+        fingerprint: &Fingerprint,
         token: Token,
         payload: Bytes,
         retention: Duration,
-    ) -> Result<(), StoreError>;
+    ) -> Result<TxCommit, StoreError>;
 
     /// What a duplicate waiting for `key` sees, outside any transaction.
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError>;
+}
+
+/// Commits `tx`, for the dialects whose record is already in the transaction.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(super) async fn commit<DB: sqlx::Database>(
+    tx: Transaction<'static, DB>,
+    backend: &'static str,
+) -> Result<TxCommit, StoreError> {
+    tx.commit()
+        .await
+        .map_err(|e| StoreError::backend(backend, e))?;
+    Ok(TxCommit::Committed)
 }
 
 /// A SQL [`Store`] that also supports the transactional mode: one of the sqlx stores.

@@ -13,7 +13,10 @@
 //! 2. a busy key's duplicates wait without a connection: woken by an owner in their own
 //!    process, or looking again (one read, no transaction) with capped backoff;
 //! 3. the operation runs on that transaction;
-//! 4. its outcome is written into the claim row in the same transaction, which then commits.
+//! 4. its outcome is written in the same transaction, which then commits. Where the claim
+//!    is a lock rather than a row (PostgreSQL), the record is written only here, once: a
+//!    unique violation then means another request recorded the key first, and this attempt
+//!    rolls back and answers as a duplicate ([`CommitError::KeyTaken`]).
 //!
 //! | the owner dies or fails ... | what persists | the retry |
 //! |---|---|---|
@@ -80,7 +83,7 @@ use tokio::time::Instant;
 
 #[cfg(feature = "axum")]
 pub use self::axum::{Tx, TxRejection};
-pub use dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
+pub use dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
 pub use owner::{CommitError, TxOwner};
 pub use run::TxRunError;
 pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};
@@ -286,6 +289,7 @@ impl<S: TransactionalStore> Transactional<S> {
             self,
             tx,
             key.clone(),
+            *fingerprint,
             token,
             mark,
         ))))

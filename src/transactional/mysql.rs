@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{MySql, MySqlConnection, Transaction};
 
-use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
+use super::dialect::{self, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
 use crate::{
     record::{ClaimOutcome, Fingerprint, StoreKey, Token},
     store::{mysql::Wait, MySqlStore, StoreError},
@@ -58,15 +58,18 @@ impl TxDialect<MySql> for MySqlStore {
         )
     }
 
-    async fn complete_in(
+    async fn commit_with(
         &self,
-        conn: &mut MySqlConnection,
+        mut tx: Transaction<'static, MySql>,
         key: &StoreKey,
+        _fingerprint: &Fingerprint,
         token: Token,
         payload: Bytes,
         retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.complete_on(conn, key, token, payload, retention).await
+    ) -> Result<TxCommit, StoreError> {
+        self.complete_on(&mut tx, key, token, payload, retention)
+            .await?;
+        dialect::commit(tx, "mysql").await
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {

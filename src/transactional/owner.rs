@@ -7,14 +7,14 @@ use bytes::Bytes;
 use sqlx::Transaction;
 
 use super::{
-    dialect::{TransactionalStore, TxDialect},
+    dialect::{TransactionalStore, TxCommit, TxDialect},
     local::LocalOwnership,
     slot::{StillBorrowed, TxSlot},
     Transactional,
 };
 use crate::{
     engine::{in_flight::InFlightGuard, Engine},
-    record::{StoreKey, Token},
+    record::{Fingerprint, StoreKey, Token},
     store::StoreError,
 };
 
@@ -35,9 +35,10 @@ pub struct TxOwner<DB: sqlx::Database> {
     _in_flight: Option<InFlightGuard>,
 }
 
-/// The uncommitted claim row this transaction wrote.
+/// The key this transaction claimed.
 struct ClaimRow {
     key: StoreKey,
+    fingerprint: Fingerprint,
     token: Token,
     /// Dropped after the transaction ended: wakes this process' waiters on the key and counts
     /// the owner out of `Engine::drained`.
@@ -56,6 +57,11 @@ pub enum CommitError {
     /// Writing the outcome or committing failed.
     #[error("the idempotency transaction could not be committed; nothing of it persists")]
     Store(#[source] StoreError),
+    /// Another request recorded the key first (a race the claim could not see): nothing of
+    /// this transaction persists. Treat the request as a duplicate: wait for the key's
+    /// outcome and replay it (the HTTP layer and `run_once` do).
+    #[error("another request recorded this idempotency key first; nothing of this attempt persists, replay the recorded outcome")]
+    KeyTaken,
 }
 
 impl<DB: sqlx::Database> TxOwner<DB> {
@@ -63,12 +69,14 @@ impl<DB: sqlx::Database> TxOwner<DB> {
         mode: &Transactional<S>,
         tx: Transaction<'static, DB>,
         key: StoreKey,
+        fingerprint: Fingerprint,
         token: Token,
         local: LocalOwnership,
     ) -> Self {
         let mut owner = Self::with_slot(mode, TxSlot::open(tx), None);
         owner.claim = Some(ClaimRow {
             key,
+            fingerprint,
             token,
             _local: local,
         });
@@ -110,32 +118,39 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// operation's writes. For unkeyed work the payload is ignored and the transaction simply
     /// commits. On error nothing persists (see [`CommitError`]).
     pub async fn commit(self, payload: Bytes) -> Result<(), CommitError> {
-        let Some(mut tx) = self.slot.take()? else {
+        let Some(tx) = self.slot.take()? else {
             // Unkeyed work that never used its transaction: nothing to commit.
             return Ok(());
         };
         let engine = &self.engine;
-        if let Some(claim) = &self.claim {
-            let retention: Duration = engine.config.retention;
-            engine
-                .bounded(self.dialect.complete_in(
-                    &mut tx,
-                    &claim.key,
-                    claim.token,
-                    payload,
-                    retention,
-                ))
+        let Some(claim) = &self.claim else {
+            return engine
+                .bounded(async { tx.commit().await.map_err(|e| StoreError::backend("sql", e)) })
                 .await
-                .map_err(CommitError::Store)?;
-        }
-        engine
-            .bounded(async { tx.commit().await.map_err(|e| StoreError::backend("sql", e)) })
+                .map_err(CommitError::Store);
+        };
+        let retention: Duration = engine.config.retention;
+        let committed = engine
+            .bounded(self.dialect.commit_with(
+                tx,
+                &claim.key,
+                &claim.fingerprint,
+                claim.token,
+                payload,
+                retention,
+            ))
             .await
             .map_err(CommitError::Store)?;
-        if let Some(claim) = &self.claim {
-            tracing::debug!(key = %claim.key.log_id(), "committed with its outcome");
+        match committed {
+            TxCommit::Committed => {
+                tracing::debug!(key = %claim.key.log_id(), "committed with its outcome");
+                Ok(())
+            }
+            TxCommit::KeyTaken => {
+                tracing::debug!(key = %claim.key.log_id(), "key recorded by another request first; rolled back");
+                Err(CommitError::KeyTaken)
+            }
         }
-        Ok(())
     }
 
     /// Rolls the transaction back: the operation's writes and the claim vanish, and the next

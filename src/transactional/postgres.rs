@@ -2,22 +2,32 @@
 //!
 //! Who runs a key is decided by a per-key advisory lock taken with
 //! `pg_try_advisory_xact_lock` inside the owner's transaction (held until it commits or
-//! rolls back, and released by the server when the owner's connection dies) together with
-//! the usual `INSERT .. ON CONFLICT` on the records table. A duplicate that finds the lock
-//! taken learns "busy" at once instead of queueing behind the owner's uncommitted row, which
-//! would hold a pooled connection for as long as the owner runs.
+//! rolls back, and released by the server when the owner's connection dies). A duplicate
+//! that finds the lock taken learns "busy" at once, and never waits on a pooled connection.
+//!
+//! The record is written once, completed, just before the commit. An uncommitted claim row
+//! would protect nothing the lock does not already protect (nobody else can see it, and the
+//! lock keeps every other transactional owner out), so writing it at the claim and updating
+//! it at the end would only write the row twice. The claim is therefore a read: take the
+//! lock, look for a live record, and delete an expired one. The completion is a plain
+//! `INSERT`, sent in one round trip with the `COMMIT`: a unique violation there means another
+//! request recorded the key first (its commit came between this claim's snapshot and its
+//! lock, or a claim of the separate mode on the same table got in), so the statement fails,
+//! the `COMMIT` never runs, everything of this attempt rolls back, and the caller answers
+//! as a duplicate ([`TxCommit::KeyTaken`]).
 //!
 //! The lock uses the two-integer form, whose key space is separate from the one-`bigint`
 //! form; its two halves are 64 bits of the key's SHA-256. Two keys whose halves collide only
 //! make one wait for the other.
 
-use std::{sync::Arc, time::Duration};
+use std::{fmt::Write, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sqlx::{PgConnection, Postgres, Row, Transaction};
+use futures_util::TryStreamExt;
+use sqlx::{Either, PgConnection, Postgres, Row, Transaction};
 
-use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
+use super::dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
 use crate::{
     record::{Fingerprint, StoreKey, Token},
     sql,
@@ -26,17 +36,17 @@ use crate::{
 
 const BACKEND: &str = "postgres";
 
-/// How often a claim re-runs when its snapshot missed a record committed concurrently.
-const CLAIM_ATTEMPTS: usize = 8;
+/// SQLSTATE `unique_violation`.
+const UNIQUE_VIOLATION: &str = "23505";
 
 struct PgDialect {
     pool: sqlx::PgPool,
+    table: String,
+    /// The channel the store's listeners hear completions on, if it notifies: the record's
+    /// `INSERT` is followed by a `pg_notify`, delivered at the commit and never on rollback.
+    channel: Option<String>,
     claim: sqlx::SqlStr,
-    complete: sqlx::SqlStr,
     probe: sqlx::SqlStr,
-    /// Whether `complete` notifies the store's listeners (at commit), taking the key's
-    /// digest as its last parameter.
-    notify: bool,
 }
 
 impl TransactionalStore for PostgresStore {
@@ -50,37 +60,19 @@ impl TransactionalStore for PostgresStore {
             "SELECT fingerprint, payload FROM {t} \
              WHERE scope = $1 AND key = $2 AND expires_at > clock_timestamp()"
         );
-        // The lock is taken before the insert is attempted (the INSERT's WHERE reads it), so
-        // a busy key never reaches the unique index, where it would wait. `live` and the
-        // insert share one snapshot, as in the separate mode's claim; a record committed after
-        // that snapshot makes the statement answer nothing, and it runs again.
+        // Writes nothing unless an expired record is in the way of the final INSERT. The
+        // statement's snapshot may predate the lock: a record committed in between is caught
+        // by the final INSERT's unique violation.
         let claim = format!(
-            "WITH lock AS (SELECT pg_try_advisory_xact_lock($6, $7) AS got), \
-             live AS ({live}), \
-             claimed AS ( \
-                 INSERT INTO {t} AS r (scope, key, fingerprint, token, payload, expires_at) \
-                 SELECT $1, $2, $3, $4, NULL, clock_timestamp() + $5 * interval '1 millisecond' \
-                 WHERE (SELECT got FROM lock) AND NOT EXISTS (SELECT 1 FROM live) \
-                 ON CONFLICT (scope, key) DO UPDATE \
-                     SET fingerprint = excluded.fingerprint, token = excluded.token, \
-                         payload = NULL, expires_at = excluded.expires_at \
-                     WHERE r.expires_at <= clock_timestamp() \
-                 RETURNING 1) \
-             SELECT 'claimed' AS found, NULL::bytea AS fingerprint, NULL::bytea AS payload FROM claimed \
-             UNION ALL SELECT 'live', fingerprint, payload FROM live \
-             UNION ALL SELECT 'busy', NULL, NULL FROM lock WHERE NOT got"
+            "WITH lock AS (SELECT pg_try_advisory_xact_lock($3, $4) AS got), \
+             expired AS ( \
+                 DELETE FROM {t} WHERE (SELECT got FROM lock) \
+                     AND scope = $1 AND key = $2 AND expires_at <= clock_timestamp() \
+                 RETURNING 1), \
+             live AS ({live}) \
+             SELECT 'live' AS found, fingerprint, payload FROM live \
+             UNION ALL SELECT CASE WHEN got THEN 'claimed' ELSE 'busy' END, NULL, NULL FROM lock"
         );
-        let complete = format!(
-            "UPDATE {t} SET token = NULL, payload = $4, \
-                 expires_at = clock_timestamp() + $5 * interval '1 millisecond' \
-             WHERE scope = $1 AND key = $2 AND token = $3"
-        );
-        // The notification is queued by the completing statement and delivered at commit,
-        // never on rollback.
-        let complete = match self.channel() {
-            Some(channel) => pg_notify::notifying(&complete, channel, 6),
-            None => complete,
-        };
         // Outside a transaction the advisory lock lives for this one statement: it only asks
         // whether a transaction holds it right now.
         let probe = format!(
@@ -90,10 +82,10 @@ impl TransactionalStore for PostgresStore {
         );
         Arc::new(PgDialect {
             pool: self.pool().clone(),
+            table: t.to_owned(),
+            channel: self.channel().map(str::to_owned),
             claim: sql::statement(claim),
-            complete: sql::statement(complete),
             probe: sql::statement(probe),
-            notify: self.channel().is_some(),
         })
     }
 }
@@ -111,8 +103,32 @@ fn backend(error: sqlx::Error) -> StoreError {
     StoreError::backend(BACKEND, error)
 }
 
-/// What the `found` rows of a claim or a probe say: a claim beats a live record beats
-/// "busy"; no row at all means the snapshot missed a concurrent commit.
+/// `text` as an escape string constant, `E'...'`: backslashes and quotes doubled, read the
+/// same whatever `standard_conforming_strings` says. `text` holds no NUL: the claim bound the
+/// same key as a parameter, which the server refuses with a NUL in it.
+fn text_literal(out: &mut String, text: &str) {
+    out.push_str("E'");
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\'' => out.push_str("''"),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+}
+
+/// `bytes` as a `bytea` constant in the hex format.
+fn bytea_literal(out: &mut String, bytes: &[u8]) {
+    out.push_str("E'\\\\x");
+    for byte in bytes {
+        // Writing into a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
+    }
+    out.push_str("'::bytea");
+}
+
+/// What the `found` rows of a claim or a probe say: a live record beats a claim or "busy".
 enum Found {
     Claimed,
     Live(crate::Record),
@@ -124,14 +140,17 @@ fn found(rows: &[sqlx::postgres::PgRow]) -> Result<Found, StoreError> {
     let mut verdict = Found::Nothing;
     for row in rows {
         match row.try_get::<&str, _>("found").map_err(backend)? {
-            "claimed" => return Ok(Found::Claimed),
             "live" => {
                 let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(backend)?;
                 let payload: Option<Vec<u8>> = row.try_get("payload").map_err(backend)?;
-                verdict = Found::Live(sql::decode_record(BACKEND, &fingerprint, payload)?);
+                return Ok(Found::Live(sql::decode_record(
+                    BACKEND,
+                    &fingerprint,
+                    payload,
+                )?));
             }
-            _ if matches!(verdict, Found::Nothing) => verdict = Found::Busy,
-            _ => {}
+            "claimed" => verdict = Found::Claimed,
+            _ => verdict = Found::Busy,
         }
     }
     Ok(verdict)
@@ -158,59 +177,79 @@ impl TxDialect<Postgres> for PgDialect {
         &self,
         conn: &mut PgConnection,
         key: &StoreKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
+        _fingerprint: &Fingerprint,
+        _lease: Duration,
     ) -> Result<TxClaim, StoreError> {
         let (high, low) = lock_id(key);
-        let lease = sql::millis(lease)?;
-        for attempt in 1..=CLAIM_ATTEMPTS {
-            let token = Token::random();
-            let rows = sqlx::query(self.claim.clone())
-                .bind(key.scope())
-                .bind(key.key())
-                .bind(fingerprint.as_bytes().as_slice())
-                .bind(token.to_bytes().as_slice())
-                .bind(lease)
-                .bind(high)
-                .bind(low)
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(backend)?;
-            match found(&rows)? {
-                Found::Claimed => return Ok(TxClaim::Claimed(token)),
-                Found::Live(record) => return Ok(TxClaim::Existing(record)),
-                Found::Busy => return Ok(TxClaim::Busy),
-                Found::Nothing => {
-                    tracing::trace!(key = %key.log_id(), attempt, "claim raced a concurrent commit, retrying");
-                }
-            }
-        }
-        Err(StoreError::backend(
-            BACKEND,
-            format!("claim found the key changed by concurrent transactions {CLAIM_ATTEMPTS} times in a row"),
-        ))
-    }
-
-    async fn complete_in(
-        &self,
-        conn: &mut PgConnection,
-        key: &StoreKey,
-        token: Token,
-        payload: Bytes,
-        retention: Duration,
-    ) -> Result<(), StoreError> {
-        let token = token.to_bytes();
-        let query = sqlx::query(self.complete.clone())
+        let rows = sqlx::query(self.claim.clone())
             .bind(key.scope())
             .bind(key.key())
-            .bind(token.as_slice())
-            .bind(payload.as_ref())
-            .bind(sql::millis(retention)?);
-        let done = pg_notify::bind_payload(query, key, self.notify)
-            .execute(&mut *conn)
+            .bind(high)
+            .bind(low)
+            .fetch_all(&mut *conn)
             .await
             .map_err(backend)?;
-        sql::fenced(done.rows_affected())
+        Ok(match found(&rows)? {
+            Found::Claimed => TxClaim::Claimed(Token::random()),
+            Found::Live(record) => TxClaim::Existing(record),
+            Found::Busy | Found::Nothing => TxClaim::Busy,
+        })
+    }
+
+    async fn commit_with(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        _token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<TxCommit, StoreError> {
+        // One simple query, so one round trip: the record, the COMMIT, and a BEGIN that
+        // leaves the connection in the transaction sqlx still counts, which it rolls back
+        // (empty, so silently) when `tx` is dropped, riding on the pool's release ping. An
+        // error anywhere abandons the rest of the text: a failed INSERT never commits.
+        let retention = sql::millis(retention)?;
+        let mut text = String::with_capacity(200 + 2 * payload.len() + key.key().len());
+        let _ = write!(
+            text,
+            "INSERT INTO {} (scope, key, fingerprint, token, payload, expires_at) VALUES (",
+            self.table
+        );
+        text_literal(&mut text, key.scope());
+        text.push_str(", ");
+        text_literal(&mut text, key.key());
+        text.push_str(", ");
+        bytea_literal(&mut text, fingerprint.as_bytes());
+        text.push_str(", NULL, ");
+        bytea_literal(&mut text, &payload);
+        let _ = write!(
+            text,
+            ", clock_timestamp() + {retention} * interval '1 millisecond'); "
+        );
+        if let Some(channel) = &self.channel {
+            // Both a derived table name and a hex digest are safe inside a plain literal.
+            let _ = write!(text, "{}; ", pg_notify::notify_call(channel, key));
+        }
+        text.push_str("COMMIT; BEGIN");
+        // Every value in the text is a literal escaped above.
+        let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(text)).fetch_many(&mut *tx);
+        let mut done = 0;
+        loop {
+            match results.try_next().await {
+                Ok(Some(Either::Left(_))) => done += 1,
+                Ok(Some(Either::Right(_))) => {}
+                Ok(None) => break,
+                // The INSERT itself failed on the key: someone recorded it first.
+                Err(sqlx::Error::Database(error))
+                    if done == 0 && error.code().as_deref() == Some(UNIQUE_VIOLATION) =>
+                {
+                    return Ok(TxCommit::KeyTaken)
+                }
+                Err(error) => return Err(backend(error)),
+            }
+        }
+        Ok(TxCommit::Committed)
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {

@@ -29,7 +29,8 @@ pub enum TxRunError<E> {
 
 impl<S: TransactionalStore> Transactional<S> {
     /// Runs `operation` on a transaction unless it already ran under `key`, and returns its
-    /// output either way. The operation's writes, the claim and the output commit together;
+    /// output either way (a run that loses the key to a concurrent one at its commit is rolled
+    /// back and returns the winner's output as replayed). The operation's writes, the claim and the output commit together;
     /// a failing operation (or a panicking one, or a crash) leaves nothing behind.
     ///
     /// The closure gets the transaction's connection; box its future (`Box::pin(async move
@@ -45,7 +46,7 @@ impl<S: TransactionalStore> Transactional<S> {
             &'c mut <S::Database as sqlx::Database>::Connection,
         ) -> BoxFuture<'c, Result<Bytes, E>>,
     {
-        let owner = match self.begin(key, fingerprint).await? {
+        let owner = match self.begin(key.clone(), fingerprint).await? {
             TxBegin::Replay(output) => return Ok(Execution::Replayed(output)),
             TxBegin::Run(owner) => owner,
         };
@@ -56,10 +57,20 @@ impl<S: TransactionalStore> Transactional<S> {
         let result = operation(&mut tx).await;
         drop(tx);
         match result {
-            Ok(output) => {
-                owner.commit(output.clone()).await?;
-                Ok(Execution::Ran(output))
-            }
+            Ok(output) => match owner.commit(output.clone()).await {
+                Ok(()) => Ok(Execution::Ran(output)),
+                // Another consumer recorded the key first: its output is the one that counts.
+                Err(CommitError::KeyTaken) => match self.wait_for(key, fingerprint).await? {
+                    TxBegin::Replay(output) => Ok(Execution::Replayed(output)),
+                    TxBegin::Run(owner) => {
+                        // Free again already (the record expired): this attempt rolled back,
+                        // and the operation, consumed, cannot run here a second time.
+                        owner.rollback().await;
+                        Err(CommitError::KeyTaken.into())
+                    }
+                },
+                Err(error) => Err(error.into()),
+            },
             Err(error) => {
                 owner.rollback().await;
                 Err(TxRunError::Operation(error))

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use super::dialect::{Probe, TransactionalStore, TxClaim, TxDialect};
+use super::dialect::{self, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
 use crate::{
     record::{ClaimOutcome, Fingerprint, StoreKey, Token},
     store::{SqliteStore, Store, StoreError},
@@ -55,15 +55,18 @@ impl TxDialect<Sqlite> for SqliteStore {
         })
     }
 
-    async fn complete_in(
+    async fn commit_with(
         &self,
-        conn: &mut SqliteConnection,
+        mut tx: Transaction<'static, Sqlite>,
         key: &StoreKey,
+        _fingerprint: &Fingerprint,
         token: Token,
         payload: Bytes,
         retention: Duration,
-    ) -> Result<(), StoreError> {
-        self.complete_on(conn, key, token, payload, retention).await
+    ) -> Result<TxCommit, StoreError> {
+        self.complete_on(&mut *tx, key, token, payload, retention)
+            .await?;
+        dialect::commit(tx, "sqlite").await
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {
