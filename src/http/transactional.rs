@@ -16,11 +16,10 @@ use tower_service::Service;
 use super::{
     body::{self, ResponseBody},
     collect::{collect_up_to, Collected, Prefixed},
-    layer::Config,
+    config::{render, Config},
     policy::DoNotStore,
     rejection::Rejection,
     replay,
-    service::render,
 };
 use crate::{
     engine::EngineError,
