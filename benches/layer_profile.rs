@@ -149,7 +149,10 @@ fn kind(name: &str) -> Kind {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["run", name, n] => {
             let kind = kind(name);
