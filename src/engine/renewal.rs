@@ -81,7 +81,10 @@ impl Renewal {
             lost,
         };
         state.waiting.insert((due, id), waiting);
-        let running = state.renewer.as_ref().is_some_and(|task| !task.is_finished());
+        let running = state
+            .renewer
+            .as_ref()
+            .is_some_and(|task| !task.is_finished());
         if !running {
             // The first claim, or the runtime the renewer ran on is gone: one on this runtime.
             state.renewer_wakes_at = None;
