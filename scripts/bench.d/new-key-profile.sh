@@ -31,7 +31,8 @@ callgrind_top() {
   callgrind_annotate --inclusive=no "$1" 2>/dev/null |
     awk -v n="$PROFILE_REQUESTS" '
       /^ *[0-9,]+ \(/ && !/PROGRAM TOTALS/ && rows < 10 {
-        ir = $1; gsub(",", "", ir); share = $2; gsub("[()]", "", share)
+        ir = $1; gsub(",", "", ir)
+        share = $0; sub(/^ *[0-9,]+ \( */, "", share); sub(/\).*/, "", share)
         sym = $0; sub(/^ *[0-9,]+ \([^)]*\) */, "", sym); sub(/ \[[^]]*\]$/, "", sym)
         sub(/^[^:]*:/, "", sym)
         if (length(sym) > 110) sym = substr(sym, 1, 107) "..."
