@@ -4,7 +4,10 @@
 //! Nothing in this module knows about HTTP: the HTTP layer encodes a response into the opaque
 //! `payload` bytes, a message consumer stores whatever it wants there.
 
-use std::fmt;
+use std::{
+    fmt,
+    sync::{Arc, OnceLock},
+};
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -15,10 +18,16 @@ use sha2::{Digest, Sha256};
 /// response (by default the HTTP layer derives it from a hash of the `Authorization` header).
 /// Stores must treat `(scope, key)` as the identity of a record and must never confuse two
 /// keys whose concatenation happens to be equal.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct StoreKey {
+///
+/// Cheap to clone (one shared allocation); its [`digest`](Self::digest) is computed once.
+#[derive(Clone)]
+pub struct StoreKey(Arc<KeyParts>);
+
+struct KeyParts {
     scope: String,
     key: String,
+    /// Computed on first use: a request asks for it several times (claim, complete, logs).
+    digest: OnceLock<[u8; 32]>,
 }
 
 impl StoreKey {
@@ -31,29 +40,32 @@ impl StoreKey {
     /// assert_eq!(key.key(), "order-7");
     /// ```
     pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Self {
-        Self {
+        Self(Arc::new(KeyParts {
             scope: scope.into(),
             key: key.into(),
-        }
+            digest: OnceLock::new(),
+        }))
     }
 
     /// The namespace of the key (a tenant, a principal, or a hash of credentials).
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.0.scope
     }
 
     /// The client-supplied idempotency key.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.0.key
     }
 
     /// A SHA-256 over the length-prefixed scope and key: unambiguous, fixed size, and safe to
     /// log or to use as a storage key where the raw key must not appear.
     pub fn digest(&self) -> [u8; 32] {
-        let mut hasher = Sha256::new();
-        hash_field(&mut hasher, self.scope.as_bytes());
-        hash_field(&mut hasher, self.key.as_bytes());
-        hasher.finalize().into()
+        *self.0.digest.get_or_init(|| {
+            let mut hasher = Sha256::new();
+            hash_field(&mut hasher, self.0.scope.as_bytes());
+            hash_field(&mut hasher, self.0.key.as_bytes());
+            hasher.finalize().into()
+        })
     }
 
     /// The first 16 hex digits of [`digest`](Self::digest): what tracing events show instead
@@ -72,6 +84,23 @@ impl StoreKey {
             }
         }
         LogId(self)
+    }
+}
+
+// The identity is (scope, key); the digest follows from it.
+impl PartialEq for StoreKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+            || (self.0.scope == other.0.scope && self.0.key == other.0.key)
+    }
+}
+
+impl Eq for StoreKey {}
+
+impl std::hash::Hash for StoreKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.scope.hash(state);
+        self.0.key.hash(state);
     }
 }
 
@@ -221,13 +250,18 @@ fn hash_field(hasher: &mut Sha256, field: &[u8]) {
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
+    out
+}
+
+/// Appends the lower-case hex of `bytes` to `out`.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for byte in bytes {
         out.push(DIGITS[usize::from(byte >> 4)] as char);
         out.push(DIGITS[usize::from(byte & 0xf)] as char);
     }
-    out
 }
 
 fn parse_hex<const N: usize>(text: &str) -> Option<[u8; N]> {

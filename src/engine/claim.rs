@@ -16,9 +16,10 @@ use crate::{
 
 /// Ownership of a key: the caller won the claim and must run the operation.
 ///
-/// While a `Claim` exists its lease is renewed by a task of its own (every quarter of the
-/// lease, retrying failures promptly), so the operation keeps the key however long it runs and
-/// whatever it does with its thread; [`status`](Self::status) tells it if the key was lost
+/// While a `Claim` exists its lease is renewed beside the operation (every quarter of the
+/// lease, retrying failures promptly; a claim gets a task of its own when its first renewal is
+/// due), so the operation keeps the key however long it runs and whatever it does with its
+/// thread; [`status`](Self::status) tells it if the key was lost
 /// anyway. Finish with [`complete`](Self::complete) (the outcome is replayed to duplicates) or
 /// [`release`](Self::release) (a retry runs the operation again). A `Claim` dropped without
 /// either — a panic, a cancelled task — releases itself in the background, so a key is never

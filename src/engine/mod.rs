@@ -81,6 +81,7 @@ pub struct Engine {
     pub(crate) config: Arc<EngineConfig>,
     pub(crate) waiters: Arc<waiters::Waiters>,
     pub(crate) in_flight: Arc<in_flight::InFlight>,
+    pub(crate) renewals: Arc<renewal::Renewals>,
 }
 
 /// What [`Engine::begin`] decided.
@@ -151,6 +152,7 @@ impl Engine {
             config: Arc::new(config),
             waiters: Arc::default(),
             in_flight: Arc::default(),
+            renewals: Arc::default(),
         };
         // Listen for completions from the start when we can, so that the first waiters do
         // not miss the notification they wait for; otherwise the first waiter starts it.

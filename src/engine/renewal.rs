@@ -1,14 +1,22 @@
-//! Keeping a claim's lease alive while its operation runs, in a task of its own.
+//! Keeping a claim's lease alive while its operation runs, beside it rather than inside it.
 //!
 //! The renewal runs beside the operation rather than inside its future, so an operation that
 //! blocks its thread, or is not polled for a while, cannot starve it. It renews every quarter
 //! of the lease and retries a failure after a sixteenth, each attempt bounded by the store
 //! timeout; [`EngineConfig::validate`](super::config) refuses timings under which two failed
 //! attempts in a row would outlast the lease.
+//!
+//! Most operations end long before their first renewal is due, so a claim does not get a task
+//! of its own up front (a spawn, a timer and an abort per request): it is registered with the
+//! engine's one renewer task, which gives a claim its own renewing task only when its first
+//! renewal comes due.
 
-use std::sync::Arc;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
 
-use tokio::{task::JoinHandle, time::Instant};
+use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
 use super::{status::LostFlag, Engine};
 use crate::{
@@ -16,10 +24,39 @@ use crate::{
     store::StoreError,
 };
 
-/// The running renewal of one claim; aborted when the claim settles.
+/// The claims of one engine (and its clones) that are held, and the task that renews them.
+#[derive(Default)]
+pub(crate) struct Renewals {
+    state: Mutex<State>,
+    /// Wakes the renewer when a claim falls due before the time it sleeps until.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Claims whose first renewal is not due yet, by due time.
+    waiting: BTreeMap<(Instant, u64), Waiting>,
+    /// Claims that fell due: their renewing task.
+    renewing: HashMap<u64, JoinHandle<()>>,
+    next_id: u64,
+    renewer: Option<JoinHandle<()>>,
+    /// When the renewer looks next.
+    renewer_wakes_at: Option<Instant>,
+}
+
+struct Waiting {
+    key: StoreKey,
+    token: Token,
+    claimed_at: Instant,
+    lost: Arc<LostFlag>,
+}
+
+/// The renewal of one claim; stopped when the claim settles (or is dropped).
 #[derive(Debug)]
 pub(crate) struct Renewal {
-    task: JoinHandle<()>,
+    renewals: Arc<Renewals>,
+    due: Instant,
+    id: u64,
 }
 
 impl Renewal {
@@ -32,18 +69,103 @@ impl Renewal {
         claimed_at: Instant,
         lost: Arc<LostFlag>,
     ) -> Self {
-        let task = tokio::spawn(renew(engine, key, token, claimed_at, lost));
-        Self { task }
+        let renewals = engine.renewals.clone();
+        let due = claimed_at + engine.config.renew_every();
+        let mut state = renewals.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        let waiting = Waiting {
+            key,
+            token,
+            claimed_at,
+            lost,
+        };
+        state.waiting.insert((due, id), waiting);
+        let running = state
+            .renewer
+            .as_ref()
+            .is_some_and(|task| !task.is_finished());
+        if !running {
+            // The first claim, or the runtime the renewer ran on is gone: one on this runtime.
+            state.renewer_wakes_at = None;
+            state.renewer = Some(tokio::spawn(renewer(engine)));
+        } else if state.renewer_wakes_at.is_none_or(|at| due < at) {
+            renewals.wake.notify_one();
+        }
+        drop(state);
+        Self { renewals, due, id }
     }
 
     pub(crate) fn stop(&self) {
-        self.task.abort();
+        let mut state = self.renewals.lock();
+        if state.waiting.remove(&(self.due, self.id)).is_none() {
+            if let Some(task) = state.renewing.remove(&self.id) {
+                task.abort();
+            }
+        }
     }
 }
 
 impl Drop for Renewal {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
+    }
+}
+
+impl Renewals {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change under the lock is a single insert, removal or assignment.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for Renewals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Renewals").finish_non_exhaustive()
+    }
+}
+
+/// The engine's renewer: hands each claim whose first renewal is due a renewing task of its
+/// own, then sleeps until the next one is due (or a claim due sooner is registered); ends
+/// when no claim is left to watch.
+async fn renewer(engine: Engine) {
+    let renewals = engine.renewals.clone();
+    loop {
+        let wake = renewals.wake.notified();
+        tokio::pin!(wake);
+        wake.as_mut().enable();
+        let next = {
+            let mut state = renewals.lock();
+            let now = Instant::now();
+            while let Some(entry) = state.waiting.first_entry() {
+                let &(due, id) = entry.key();
+                if due > now {
+                    break;
+                }
+                let Waiting {
+                    key,
+                    token,
+                    claimed_at,
+                    lost,
+                } = entry.remove();
+                let task = tokio::spawn(renew(engine.clone(), key, token, claimed_at, lost));
+                state.renewing.insert(id, task);
+            }
+            let Some(&(next, _)) = state.waiting.first_key_value().map(|(due, _)| due) else {
+                // Nothing left to watch: end (the engine is not kept alive for nothing); the
+                // next claim starts a renewer again. Decided under the lock, so a claim
+                // registered meanwhile sees no renewer and starts one.
+                state.renewer = None;
+                state.renewer_wakes_at = None;
+                return;
+            };
+            state.renewer_wakes_at = Some(next);
+            next
+        };
+        tokio::select! {
+            () = &mut wake => {}
+            () = tokio::time::sleep_until(next) => {}
+        }
     }
 }
 

@@ -6,16 +6,9 @@ use tokio::sync::Semaphore;
 
 use bytes::Bytes;
 use http::{request::Parts, HeaderName, Method, Response, StatusCode};
-use tower_layer::Layer;
 
-use super::{policy, rejection::Rejection, scope, service::IdempotencyService};
+use super::{config::Config, rejection::Rejection};
 use crate::{engine::Engine, store::Store};
-
-/// The header the key is read from by default.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-
-/// The header added to replayed responses when [`IdempotencyLayer::mark_replayed`] is on.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Makes retries of a service safe: the first request with an `Idempotency-Key` runs, every
 /// duplicate — later or concurrent — gets the first one's response.
@@ -34,59 +27,11 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    pub(crate) engine: Engine,
-    pub(crate) config: Arc<Config>,
+    engine: Engine,
+    config: Arc<Config>,
     /// Set in the transactional mode: claims, runs and records in one transaction.
     #[cfg(feature = "sqlx")]
-    pub(crate) transactional: Option<super::transactional::SharedTxMode>,
-}
-
-pub(crate) type RejectionFn = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
-
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) enabled: bool,
-    pub(crate) header: HeaderName,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) key_required: bool,
-    pub(crate) scope: scope::ScopeFn,
-    pub(crate) anonymous_scope: bool,
-    pub(crate) fingerprint_headers: Vec<HeaderName>,
-    pub(crate) max_request_body: usize,
-    pub(crate) max_response_body: usize,
-    pub(crate) is_final: policy::StatusPolicy,
-    pub(crate) replay_set_cookie: bool,
-    pub(crate) mark_replayed: bool,
-    pub(crate) detach: bool,
-    /// Shared by every clone of the layer: one permit per detached handler.
-    pub(crate) detached: Arc<Semaphore>,
-    pub(crate) max_handler_lifetime: Duration,
-    pub(crate) rejection: RejectionFn,
-}
-
-const DEFAULT_MAX_DETACHED: usize = 1024;
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            header: IDEMPOTENCY_KEY,
-            methods: vec![Method::POST, Method::PATCH],
-            key_required: false,
-            scope: Arc::new(scope::by_authorization),
-            anonymous_scope: false,
-            fingerprint_headers: Vec::new(),
-            max_request_body: 1024 * 1024,
-            max_response_body: 1024 * 1024,
-            is_final: Arc::new(policy::is_final_by_default),
-            replay_set_cookie: false,
-            mark_replayed: false,
-            detach: true,
-            detached: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
-            max_handler_lifetime: Duration::from_secs(60),
-            rejection: Arc::new(Rejection::into_http_response),
-        }
-    }
+    transactional: Option<super::transactional::SharedTxMode>,
 }
 
 impl IdempotencyLayer {
@@ -278,13 +223,16 @@ impl IdempotencyLayer {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
-}
 
-impl<S> Layer<S> for IdempotencyLayer {
-    type Service = IdempotencyService<S>;
+    /// The configuration every service made from this layer shares.
+    pub(crate) fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
 
-    fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.clone())
+    /// The transactional mode, if the layer was made with [`transactional`](Self::transactional).
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn transactional_mode(&self) -> Option<&super::transactional::SharedTxMode> {
+        self.transactional.as_ref()
     }
 }
 

@@ -1,9 +1,11 @@
 //! The HTTP face: a tower layer over any `Service<http::Request<B>>`. Nothing below this
 //! module knows about HTTP.
 
+mod answer;
 mod body;
 #[cfg(feature = "sqlx")]
 mod collect;
+mod config;
 mod detach;
 mod fingerprint;
 mod key;
@@ -18,8 +20,9 @@ mod tee;
 mod transactional;
 
 pub use body::ResponseBody;
+pub use config::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use key::{InvalidKey, MAX_KEY_LEN};
-pub use layer::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use layer::IdempotencyLayer;
 pub use policy::{is_final_by_default, DoNotStore};
 pub use rejection::Rejection;
 pub use service::{IdempotencyService, ResponseFuture};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use http::{header, request::Parts};
 use sha2::{Digest, Sha256};
 
-use crate::record::hex;
+use crate::record::push_hex;
 
 /// Derives the scope (namespace) of a request's key from its head; `None` when the request
 /// names no caller.
@@ -23,9 +23,13 @@ pub(crate) fn by_authorization(parts: &Parts) -> Option<String> {
     if value.as_bytes().iter().all(u8::is_ascii_whitespace) {
         return None;
     }
-    // Runs on every protected request: hex by table, not one `format!` per byte.
+    // Runs on every protected request: one allocation, hex by table.
+    const PREFIX: &str = "auth:";
     let digest = Sha256::digest(value.as_bytes());
-    Some(format!("auth:{}", hex(&digest[..16])))
+    let mut scope = String::with_capacity(PREFIX.len() + 32);
+    scope.push_str(PREFIX);
+    push_hex(&mut scope, &digest[..16]);
+    Some(scope)
 }
 
 #[cfg(test)]

@@ -5,47 +5,104 @@ use std::{
     future::Future,
     panic::AssertUnwindSafe,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{header, HeaderValue, Request, Response};
+use http::{header, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument;
 
 #[cfg(feature = "sqlx")]
 use super::transactional::{self, HttpBegin};
 use super::{
+    answer::{rejection_for, render, replay},
     body::{self, ResponseBody},
+    config::Config,
     detach::DetachOnDrop,
     fingerprint::fingerprint,
     key::parse_key,
-    layer::{Config, IdempotencyLayer, IDEMPOTENT_REPLAYED},
+    layer::IdempotencyLayer,
     policy::DoNotStore,
     rejection::Rejection,
-    replay::{self, StoredResponse},
     scope,
     tee::{Recorder, Tee},
 };
 use crate::{
-    engine::{Begin, Claim, EngineError},
+    engine::{Begin, Claim, Engine},
     record::StoreKey,
     BoxError,
 };
 
 /// The service [`IdempotencyLayer`] wraps around an inner service.
-#[derive(Clone, Debug)]
+///
+/// Cheap to clone (axum clones it for every request): the inner service and a few `Arc`s.
+#[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
-    layer: IdempotencyLayer,
+    engine: Engine,
+    config: Arc<Config>,
+    transactional: Option<TxMode>,
 }
 
+/// The transactional mode, type-erased; without the `sqlx` feature there is none.
+#[cfg(feature = "sqlx")]
+type TxMode = transactional::SharedTxMode;
+#[cfg(not(feature = "sqlx"))]
+type TxMode = std::convert::Infallible;
+
 impl<S> IdempotencyService<S> {
-    pub(crate) fn new(inner: S, layer: IdempotencyLayer) -> Self {
-        Self { inner, layer }
+    /// Wraps `inner` with what `layer` was configured with (the same as `layer.layer(inner)`).
+    pub fn new(inner: S, layer: &IdempotencyLayer) -> Self {
+        Self {
+            inner,
+            engine: layer.engine().clone(),
+            config: layer.config().clone(),
+            #[cfg(feature = "sqlx")]
+            transactional: layer.transactional_mode().cloned(),
+            #[cfg(not(feature = "sqlx"))]
+            transactional: None,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+// Here rather than in layer.rs: the service depends on the layer's configuration, never the
+// other way round.
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self)
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("engine", &self.engine)
+            .field("enabled", &self.config.enabled)
+            .finish_non_exhaustive()
     }
 }
 
@@ -132,7 +189,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let config = &self.layer.config;
+        let config = &self.config;
         if !config.enabled || !config.methods.contains(request.method()) {
             return ResponseFuture::passthrough(self.inner.call(request));
         }
@@ -142,10 +199,9 @@ where
             // under some shared key.
             Ok(None) if !config.key_required => {
                 #[cfg(feature = "sqlx")]
-                if let Some(mode) = self.layer.transactional.clone() {
+                if let Some(mode) = self.transactional.clone() {
                     let inner = take_ready(&mut self.inner);
-                    let (config, retry_after) =
-                        (config.clone(), self.layer.engine.retry_after_delay());
+                    let (config, retry_after) = (config.clone(), self.engine.retry_after_delay());
                     return ResponseFuture::protected(Box::pin(unkeyed(
                         inner,
                         mode,
@@ -162,7 +218,12 @@ where
             }
         };
         let inner = take_ready(&mut self.inner);
-        ResponseFuture::protected(Box::pin(protect(inner, self.layer.clone(), key, request)))
+        let (engine, config, mode) = (
+            self.engine.clone(),
+            self.config.clone(),
+            self.transactional.clone(),
+        );
+        ResponseFuture::protected(Box::pin(protect(inner, engine, config, mode, key, request)))
     }
 }
 
@@ -172,14 +233,11 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
     std::mem::replace(inner, clone)
 }
 
-pub(super) fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
-    crate::metrics::http_rejection(&rejection);
-    (config.rejection)(rejection).map(body::full)
-}
-
 async fn protect<S, ReqBody, ResBody>(
     inner: S,
-    layer: IdempotencyLayer,
+    engine: Engine,
+    config: Arc<Config>,
+    mode: Option<TxMode>,
     key: String,
     request: Request<ReqBody>,
 ) -> Result<Response<ResponseBody>, S::Error>
@@ -192,30 +250,30 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let config = &layer.config;
     let arrived = tokio::time::Instant::now();
     let (parts, body) = request.into_parts();
     let scope = match (config.scope)(&parts) {
         Some(scope) => scope,
         None if config.anonymous_scope => scope::ANONYMOUS.to_owned(),
-        None => return Ok(render(config, Rejection::MissingIdentity)),
+        None => return Ok(render(&config, Rejection::MissingIdentity)),
     };
     let key = StoreKey::new(scope, key);
     let span = tracing::info_span!("idempotency", key = %key.lazy_log_id(), method = %parts.method);
     async {
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
             Ok(body) => body,
-            Err(rejection) => return Ok(render(config, rejection)),
+            Err(rejection) => return Ok(render(&config, rejection)),
         };
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
-        let (engine, config) = (layer.engine.clone(), layer.config.clone());
         let detach = config.detach;
         let (slots, deadline) = (
             config.detached.clone(),
             arrived + config.max_handler_lifetime,
         );
+        #[cfg(not(feature = "sqlx"))]
+        let _: Option<TxMode> = mode;
         #[cfg(feature = "sqlx")]
-        if let Some(mode) = layer.transactional.clone() {
+        if let Some(mode) = mode {
             let retry_after = engine.retry_after_delay();
             let claim_and_run = async move {
                 let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
@@ -356,51 +414,6 @@ where
         Err(error) => {
             tracing::debug!(error = %error, "request body unreadable; nothing was claimed");
             Err(Rejection::BodyUnreadable)
-        }
-    }
-}
-
-pub(super) fn rejection_for(error: EngineError) -> Rejection {
-    match error {
-        EngineError::FingerprintMismatch => Rejection::KeyReused,
-        EngineError::InProgress { retry_after } => Rejection::InProgress { retry_after },
-        EngineError::Store { retry_after, .. } => Rejection::StoreUnavailable { retry_after },
-    }
-}
-
-pub(super) fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
-    match replay::decode(payload) {
-        Ok(StoredResponse::Response {
-            status,
-            headers,
-            body,
-            trailers,
-        }) => {
-            let body = match trailers {
-                None => body::full(body),
-                Some(trailers) => body::with_trailers(body, *trailers),
-            };
-            let mut response = Response::new(body);
-            *response.status_mut() = status;
-            *response.headers_mut() = headers;
-            if config.mark_replayed {
-                response
-                    .headers_mut()
-                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            }
-            response
-        }
-        Ok(StoredResponse::NotStored { status }) => {
-            render(config, Rejection::ResponseNotStored { status })
-        }
-        Err(detail) => {
-            tracing::error!(detail, "stored response cannot be decoded");
-            render(
-                config,
-                Rejection::StoreUnavailable {
-                    retry_after: std::time::Duration::from_secs(1),
-                },
-            )
         }
     }
 }

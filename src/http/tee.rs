@@ -28,7 +28,7 @@ use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::{body::ResponseBody, layer::Config, replay};
+use super::{body::ResponseBody, config::Config, replay};
 use crate::{engine::Claim, BoxError};
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;

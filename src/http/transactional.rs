@@ -14,13 +14,13 @@ use http_body::Body;
 use tower_service::Service;
 
 use super::{
+    answer::{rejection_for, render, replay as replay_response},
     body::{self, ResponseBody},
     collect::{collect_up_to, Collected, Prefixed},
-    layer::Config,
+    config::Config,
     policy::DoNotStore,
     rejection::Rejection,
     replay,
-    service::{rejection_for, render, replay as replay_response},
 };
 use crate::{
     engine::EngineError,

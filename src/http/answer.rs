@@ -1,0 +1,66 @@
+//! The answers the layer gives without running the inner service: a rejection rendered the
+//! way the layer is configured, and a stored outcome replayed.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+
+use super::{
+    body::{self, ResponseBody},
+    config::{Config, IDEMPOTENT_REPLAYED},
+    rejection::Rejection,
+    replay::{self, StoredResponse},
+};
+use crate::engine::EngineError;
+
+/// Renders `rejection` the way the layer was configured to.
+pub(super) fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
+    crate::metrics::http_rejection(&rejection);
+    (config.rejection)(rejection).map(body::full)
+}
+
+/// The rejection for a request the engine could neither run nor replay.
+pub(super) fn rejection_for(error: EngineError) -> Rejection {
+    match error {
+        EngineError::FingerprintMismatch => Rejection::KeyReused,
+        EngineError::InProgress { retry_after } => Rejection::InProgress { retry_after },
+        EngineError::Store { retry_after, .. } => Rejection::StoreUnavailable { retry_after },
+    }
+}
+
+/// A stored outcome, answered to a duplicate.
+pub(super) fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
+    match replay::decode(payload) {
+        Ok(StoredResponse::Response {
+            status,
+            headers,
+            body,
+            trailers,
+        }) => {
+            let body = match trailers {
+                None => body::full(body),
+                Some(trailers) => body::with_trailers(body, *trailers),
+            };
+            let mut response = Response::new(body);
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            if config.mark_replayed {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            }
+            response
+        }
+        Ok(StoredResponse::NotStored { status }) => {
+            render(config, Rejection::ResponseNotStored { status })
+        }
+        Err(detail) => {
+            tracing::error!(detail, "stored response cannot be decoded");
+            render(
+                config,
+                Rejection::StoreUnavailable {
+                    retry_after: std::time::Duration::from_secs(1),
+                },
+            )
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! What the layer is configured with, shared (behind an `Arc`) by the layer, every service it
+//! makes, and every request in flight.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{HeaderName, Method, Response};
+use tokio::sync::Semaphore;
+
+use super::{policy, rejection::Rejection, scope};
+
+/// The header the key is read from by default.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The header added to replayed responses when
+/// [`IdempotencyLayer::mark_replayed`](super::IdempotencyLayer::mark_replayed) is on.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+pub(crate) type RejectionFn = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) enabled: bool,
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key_required: bool,
+    pub(crate) scope: scope::ScopeFn,
+    pub(crate) anonymous_scope: bool,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) is_final: policy::StatusPolicy,
+    pub(crate) replay_set_cookie: bool,
+    pub(crate) mark_replayed: bool,
+    pub(crate) detach: bool,
+    /// Shared by every clone of the layer: one permit per detached handler.
+    pub(crate) detached: Arc<Semaphore>,
+    pub(crate) max_handler_lifetime: Duration,
+    pub(crate) rejection: RejectionFn,
+}
+
+const DEFAULT_MAX_DETACHED: usize = 1024;
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            header: IDEMPOTENCY_KEY,
+            methods: vec![Method::POST, Method::PATCH],
+            key_required: false,
+            scope: Arc::new(scope::by_authorization),
+            anonymous_scope: false,
+            fingerprint_headers: Vec::new(),
+            max_request_body: 1024 * 1024,
+            max_response_body: 1024 * 1024,
+            is_final: Arc::new(policy::is_final_by_default),
+            replay_set_cookie: false,
+            mark_replayed: false,
+            detach: true,
+            detached: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
+            max_handler_lifetime: Duration::from_secs(60),
+            rejection: Arc::new(Rejection::into_http_response),
+        }
+    }
+}
