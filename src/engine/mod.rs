@@ -190,6 +190,7 @@ impl Engine {
     }
 
     /// The delay suggested to callers told to come back later.
+    #[cfg(feature = "sqlx")]
     pub(crate) fn retry_after_delay(&self) -> Duration {
         self.config.retry_after
     }
@@ -374,6 +375,7 @@ impl Engine {
             };
             let decided = match seen {
                 Seen::Record(record) => self.existing(&key, &fingerprint, record)?,
+                #[cfg(feature = "sqlx")]
                 Seen::Busy => None,
                 // Released or expired: whoever claims next runs it — maybe us.
                 Seen::Absent => self.claim(&key, &fingerprint).await?,

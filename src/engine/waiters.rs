@@ -38,6 +38,7 @@ pub(crate) enum Seen {
     Absent,
     /// No committed record, but a transaction holds the key right now (the transactional
     /// mode: its record becomes visible when it commits).
+    #[cfg(feature = "sqlx")]
     Busy,
     /// The lookup failed.
     Failed(Arc<StoreError>),

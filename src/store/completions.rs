@@ -9,6 +9,10 @@
 //! fell behind) becomes [`Completion::Missed`], and the waiters keep polling slowly
 //! underneath, so correctness never depends on a notification arriving.
 
+// The listening side serves the stores that can push (PostgreSQL, Redis); a build without
+// them keeps only the public subscription types.
+#![cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+
 use std::{future::Future, sync::OnceLock, time::Duration};
 
 use tokio::{sync::broadcast, task::JoinHandle};
@@ -107,6 +111,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// The payload that names `digest`: lowercase hex (64 bytes, far below every backend's limit).
+#[cfg(any(feature = "postgres", test))]
 pub(crate) fn encode(digest: &[u8; 32]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     digest

@@ -56,6 +56,7 @@ pub(crate) mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder, ReplicaWaitTimedOut};
+#[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) use completions::{keep_listening, Feed, Sender as CompletionSender};
 pub use completions::{Completion, Completions};
 pub use error::StoreError;

@@ -57,6 +57,7 @@ impl<S: SqlStore> SqlStoreBuilder<S> {
         }
     }
 
+    #[cfg(feature = "postgres")]
     pub(crate) fn notify(mut self, on: bool) -> Self {
         self.notify = on;
         self
