@@ -1,4 +1,4 @@
-//! The `payments` service as the producer of the pipeline (`shared/pipeline-example.md`):
+//! The `payments` service as the producer of the message pipeline:
 //! with `AMQP_URL` / `NATS_URL` it writes `payment.created` to the outbox in the transaction
 //! of the charge and relays it. Real processes, real HTTP, PostgreSQL, RabbitMQ and NATS
 //! JetStream; the effects are counted in the database (payments, charges, outbox rows,

@@ -1,4 +1,4 @@
-//! The pipeline of `shared/pipeline-example.md` as running processes: two `outbox_relay`
+//! The message pipeline (README, "Message consumers") as running processes: two `outbox_relay`
 //! processes and two `receipts` consumers, killed with SIGKILL at random moments and
 //! restarted while a producer commits payment + outbox rows through the library (the
 //! `payments` service itself is the producer in `payments_pipeline.rs`). When all is quiet: exactly

@@ -38,6 +38,32 @@ pub enum TxCommit {
     KeyTaken,
 }
 
+/// What [`TxDialect::begin_claim`] found: a transaction that holds the key, or why there is
+/// none (the transaction it opened, if any, is already rolled back).
+pub enum TxStart<DB: sqlx::Database> {
+    /// The transaction holds the key: see [`TxClaim::Claimed`].
+    Owner {
+        /// The owner's transaction.
+        tx: Transaction<'static, DB>,
+        /// The claim's token.
+        token: Token,
+    },
+    /// See [`TxClaim::Existing`].
+    Existing(Record),
+    /// See [`TxClaim::Busy`].
+    Busy,
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for TxStart<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Owner { token, .. } => f.debug_struct("Owner").field("token", token).finish(),
+            Self::Existing(record) => f.debug_tuple("Existing").field(record).finish(),
+            Self::Busy => f.write_str("Busy"),
+        }
+    }
+}
+
 /// What a duplicate sees from outside any transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
@@ -99,6 +125,38 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
 
     /// What a duplicate waiting for `key` sees, outside any transaction.
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError>;
+
+    /// [`begin`](Self::begin) and [`claim_in`](Self::claim_in) together, as the owner of a
+    /// new key does. The default runs one after the other (two round trips); a dialect that
+    /// can open the transaction and claim in one round trip overrides it.
+    async fn begin_claim(
+        &self,
+        idle_limit: Duration,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<TxStart<DB>, StoreError> {
+        begin_then_claim(self, idle_limit, key, fingerprint, lease).await
+    }
+}
+
+/// [`TxDialect::begin_claim`] in two steps: [`TxDialect::begin`], then
+/// [`TxDialect::claim_in`]. Unless claimed, dropping the transaction rolls it back.
+pub(super) async fn begin_then_claim<DB: sqlx::Database, D: TxDialect<DB> + ?Sized>(
+    dialect: &D,
+    idle_limit: Duration,
+    key: &StoreKey,
+    fingerprint: &Fingerprint,
+    lease: Duration,
+) -> Result<TxStart<DB>, StoreError> {
+    let mut tx = dialect.begin(idle_limit).await?;
+    Ok(
+        match dialect.claim_in(&mut tx, key, fingerprint, lease).await? {
+            TxClaim::Claimed(token) => TxStart::Owner { tx, token },
+            TxClaim::Existing(record) => TxStart::Existing(record),
+            TxClaim::Busy => TxStart::Busy,
+        },
+    )
 }
 
 /// Commits `tx`, for the dialects whose record is already in the transaction.

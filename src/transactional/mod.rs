@@ -83,7 +83,7 @@ use tokio::time::Instant;
 
 #[cfg(feature = "axum")]
 pub use self::axum::{Tx, TxRejection};
-pub use dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
+pub use dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart};
 pub use owner::{CommitError, TxOwner};
 pub use run::TxRunError;
 pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};
@@ -269,20 +269,16 @@ impl<S: TransactionalStore> Transactional<S> {
         let engine = &self.engine;
         let unavailable = |source| engine.unavailable(key, source);
         let lease = engine.config.lease;
-        let mut tx = engine
-            .bounded(self.dialect.begin(lease))
+        let started = engine
+            .bounded(self.dialect.begin_claim(lease, key, fingerprint, lease))
             .await
             .map_err(unavailable)?;
-        let claimed = engine
-            .bounded(self.dialect.claim_in(&mut tx, key, fingerprint, lease))
-            .await
-            .map_err(unavailable)?;
-        // Unless claimed, nothing was written: dropping the transaction rolls it back, and
-        // dropping the mark lets this process' waiters on the key look again.
-        let token = match claimed {
-            TxClaim::Claimed(token) => token,
-            TxClaim::Existing(record) => return self.existing(key, fingerprint, record),
-            TxClaim::Busy => return Ok(None),
+        // Unless claimed, nothing was written and the transaction is rolled back; dropping
+        // the mark lets this process' waiters on the key look again.
+        let (tx, token) = match started {
+            TxStart::Owner { tx, token } => (tx, token),
+            TxStart::Existing(record) => return self.existing(key, fingerprint, record),
+            TxStart::Busy => return Ok(None),
         };
         tracing::debug!(key = %key.log_id(), "claimed in a transaction");
         Ok(Some(TxBegin::Run(TxOwner::claimed(

@@ -9,7 +9,8 @@
 //! would protect nothing the lock does not already protect (nobody else can see it, and the
 //! lock keeps every other transactional owner out), so writing it at the claim and updating
 //! it at the end would only write the row twice. The claim is therefore a read: take the
-//! lock, look for a live record, and delete an expired one. The completion is a plain
+//! lock, look for a live record, and delete an expired one; for a new key it travels in the
+//! `BEGIN`'s own round trip (see [`TxDialect::begin_claim`]). The completion is a plain
 //! `INSERT`, sent in one round trip with the `COMMIT`: a unique violation there means another
 //! request recorded the key first (its commit came between this claim's snapshot and its
 //! lock, or a claim of the separate mode on the same table got in), so the statement fails,
@@ -27,7 +28,9 @@ use bytes::Bytes;
 use futures_util::TryStreamExt;
 use sqlx::{Either, PgConnection, Postgres, Row, Transaction};
 
-use super::dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
+use super::dialect::{
+    begin_then_claim, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart,
+};
 use crate::{
     record::{Fingerprint, StoreKey, Token},
     sql,
@@ -35,6 +38,9 @@ use crate::{
 };
 
 const BACKEND: &str = "postgres";
+
+/// SQLSTATE `division_by_zero`: how the one-round-trip claim says "not a new key here".
+const NOT_CLAIMED: &str = "22012";
 
 /// SQLSTATE `unique_violation`.
 const UNIQUE_VIOLATION: &str = "23505";
@@ -104,8 +110,8 @@ fn backend(error: sqlx::Error) -> StoreError {
 }
 
 /// `text` as an escape string constant, `E'...'`: backslashes and quotes doubled, read the
-/// same whatever `standard_conforming_strings` says. `text` holds no NUL: the claim bound the
-/// same key as a parameter, which the server refuses with a NUL in it.
+/// same whatever `standard_conforming_strings` says. `text` holds no NUL: a key with one is
+/// claimed with bound parameters, which the server refuses.
 fn text_literal(out: &mut String, text: &str) {
     out.push_str("E'");
     for c in text.chars() {
@@ -194,6 +200,57 @@ impl TxDialect<Postgres> for PgDialect {
             Found::Live(record) => TxClaim::Existing(record),
             Found::Busy | Found::Nothing => TxClaim::Busy,
         })
+    }
+
+    async fn begin_claim(
+        &self,
+        idle_limit: Duration,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<TxStart<Postgres>, StoreError> {
+        // A NUL cannot travel inside a query text: such a key takes the bound claim, whose
+        // parameters the server refuses with a clear error.
+        if key.scope().contains('\0') || key.key().contains('\0') {
+            return begin_then_claim(self, idle_limit, key, fingerprint, lease).await;
+        }
+        let idle_ms = sql::millis(idle_limit)?.max(1);
+        let (high, low) = lock_id(key);
+        let t = &self.table;
+        let mut this_key = String::with_capacity(40 + key.scope().len() + key.key().len());
+        this_key.push_str("scope = ");
+        text_literal(&mut this_key, key.scope());
+        this_key.push_str(" AND key = ");
+        text_literal(&mut this_key, key.key());
+        // The BEGIN, the claim and the removal of an expired record in one text, hence one
+        // round trip, for the common case of a new key. The claim's SELECT divides by zero
+        // unless it took the key's lock and found no live record (in whatever order the
+        // server evaluates the two), which aborts the text with the transaction: the key is
+        // busy or recorded, and the probe below tells which. A DELETE runs only under the lock.
+        let text = format!(
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}; \
+             SELECT 1 / (pg_try_advisory_xact_lock({high}, {low}) AND NOT EXISTS ( \
+                 SELECT 1 FROM {t} WHERE {this_key} AND expires_at > clock_timestamp()))::int; \
+             DELETE FROM {t} WHERE {this_key} AND expires_at <= clock_timestamp()"
+        );
+        // Every value in the text is a number or a literal escaped above.
+        match self.pool.begin_with(sqlx::AssertSqlSafe(text)).await {
+            Ok(tx) => {
+                return Ok(TxStart::Owner {
+                    tx,
+                    token: Token::random(),
+                })
+            }
+            // sqlx has queued the ROLLBACK of the aborted transaction on that connection.
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(NOT_CLAIMED) => {}
+            Err(error) => return Err(backend(error)),
+        }
+        match self.probe(key).await? {
+            Probe::Live(record) => Ok(TxStart::Existing(record)),
+            Probe::Busy => Ok(TxStart::Busy),
+            // Whoever held it gave up in between: claim the slow way.
+            Probe::Absent => begin_then_claim(self, idle_limit, key, fingerprint, lease).await,
+        }
     }
 
     async fn commit_with(
