@@ -54,7 +54,8 @@ bench_wakeups() {
   pg_commits=$(( ${pg_after% *} - ${pg_before% *} ))
   pg_rows=$(( ${pg_after#* } - ${pg_before#* } ))
 
-  # --- the Redis storm (records in Redis, payments in each process' memory) ------------------
+  # --- the Redis storm (records in Redis; payments in the shared database, so that loadgen's
+  # count of charges, read from one process, sees both) ----------------------------------------
   local port
   port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
@@ -62,9 +63,9 @@ bench_wakeups() {
   local redis_pid=$!
   PIDS+=("$redis_pid")
   for _ in $(seq 1 50); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
-  start_payments wake-redis-1 "REDIS_URL=redis://127.0.0.1:$port" "PAYMENTS_HANDLER_DELAY_MS=$STORM_DELAY_MS"
+  start_payments wake-redis-1 "DATABASE_URL=$db_url" "REDIS_URL=redis://127.0.0.1:$port" "PAYMENTS_HANDLER_DELAY_MS=$STORM_DELAY_MS"
   url1=$URL pid1=$PID
-  start_payments wake-redis-2 "REDIS_URL=redis://127.0.0.1:$port" "PAYMENTS_HANDLER_DELAY_MS=$STORM_DELAY_MS"
+  start_payments wake-redis-2 "DATABASE_URL=$db_url" "REDIS_URL=redis://127.0.0.1:$port" "PAYMENTS_HANDLER_DELAY_MS=$STORM_DELAY_MS"
   local r_before r_after
   r_before=($(wake_redis_calls "$port"))
   loadgen wake-storm-redis --target "$url1" --target "$URL" --duplicates "$STORM_COPIES" \
