@@ -2,10 +2,10 @@
 //! key, and one `LISTEN`ing connection per store.
 //!
 //! The completing (or releasing) statement itself calls `pg_notify` for the row it changed,
-//! so a notification costs no round trip and is delivered exactly when the change commits:
-//! at once in the separate mode, at the owner's commit in the transactional mode, and never
-//! for a rolled-back transaction (whose waiters find the key free at their next poll). The
-//! payload is the key's digest in hex (64 bytes; PostgreSQL allows 8000), never the raw key.
+//! so a notification costs no round trip and is delivered exactly when the change commits.
+//! The transactional mode does not notify (its duplicates wait on the owner's advisory lock,
+//! and a notifying commit would serialise every owner's commit). The payload is the key's
+//! digest in hex (64 bytes; PostgreSQL allows 8000), never the raw key.
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
 
@@ -39,16 +39,6 @@ pub(crate) fn bind_payload<'q>(query: PgQuery<'q>, key: &StoreKey, notifies: boo
     } else {
         query
     }
-}
-
-/// `SELECT pg_notify(..)` for `key` on `channel` with both as literals, for a statement text
-/// that cannot bind parameters. `channel` is a derived table name and the payload a hex
-/// digest: neither can hold a quote.
-pub(crate) fn notify_call(channel: &str, key: &StoreKey) -> String {
-    format!(
-        "SELECT pg_notify('{channel}', '{}')",
-        completions::encode(&key.digest())
-    )
 }
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;

@@ -262,12 +262,6 @@ impl PostgresStore {
         SqlStoreBuilder::new(pool)
     }
 
-    /// The channel `complete` and `release` notify, if they do (for the transactional mode,
-    /// whose completion notifies the same listeners).
-    pub(crate) fn channel(&self) -> Option<&str> {
-        self.sql.channel.as_deref()
-    }
-
     /// The table this store uses.
     ///
     /// ```no_run

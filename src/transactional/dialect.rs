@@ -126,6 +126,21 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
     /// What a duplicate waiting for `key` sees, outside any transaction.
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError>;
 
+    /// Whether [`await_owner`](Self::await_owner) can block until a key's owner ends. A
+    /// duplicate's watch then looks at the database only as a slow fallback.
+    fn can_await_owner(&self) -> bool {
+        false
+    }
+
+    /// Waits, at most about `at_most`, for the transaction running `key` to end (commit or
+    /// roll back), outside any transaction of the caller and without a connection of the
+    /// request pool. `Ok(true)`: it ended, look now; `Ok(false)`: still running, or this
+    /// dialect cannot wait for it (the default), so poll.
+    async fn await_owner(&self, key: &StoreKey, at_most: Duration) -> Result<bool, StoreError> {
+        let _ = (key, at_most);
+        Ok(false)
+    }
+
     /// [`begin`](Self::begin) and [`claim_in`](Self::claim_in) together, as the owner of a
     /// new key does. The default runs one after the other (two round trips); a dialect that
     /// can open the transaction and claim in one round trip overrides it.

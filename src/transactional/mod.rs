@@ -89,6 +89,10 @@ pub use run::TxRunError;
 pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};
 
 use self::local::LocalOwnership;
+
+/// How long one wait on a running owner may block before the watch looks again (which
+/// also lets it notice that its last waiter left).
+const OWNER_WAIT_SLICE: std::time::Duration = std::time::Duration::from_secs(1);
 use crate::{
     engine::{
         waiters::{KeyWatch, Seen},
@@ -246,13 +250,30 @@ impl<S: TransactionalStore> Transactional<S> {
     /// an owner of this process ends. Runs until the last waiter leaves (which aborts it).
     async fn watch(self, key: StoreKey, watch: Arc<KeyWatch>) {
         let (mode, key) = (&self, &key);
+        // Where the database lets a look block until the owner ends, looking again is only a
+        // fallback (no waiting connection free, or a lost connection): poll slowly. Commits
+        // of this mode notify nobody, so without that, poll fast.
+        let backoff = self.engine.config.poll(self.dialect.can_await_owner());
         watch
-            .poll(self.engine.poll(), move || async move {
-                match mode.engine.bounded(mode.dialect.probe(key)).await {
-                    Ok(Probe::Live(record)) => Seen::Record(record),
-                    Ok(Probe::Busy) => Seen::Busy,
-                    Ok(Probe::Absent) => Seen::Absent,
-                    Err(error) => Seen::Failed(Arc::new(error)),
+            .poll(backoff, move || async move {
+                loop {
+                    let seen = match mode.engine.bounded(mode.dialect.probe(key)).await {
+                        Ok(Probe::Live(record)) => Seen::Record(record),
+                        Ok(Probe::Busy) => Seen::Busy,
+                        Ok(Probe::Absent) => Seen::Absent,
+                        Err(error) => Seen::Failed(Arc::new(error)),
+                    };
+                    if !matches!(seen, Seen::Busy) {
+                        return seen;
+                    }
+                    match mode.dialect.await_owner(key, OWNER_WAIT_SLICE).await {
+                        Ok(true) => continue,
+                        Ok(false) => return seen,
+                        Err(error) => {
+                            tracing::debug!(key = %key.log_id(), %error, "cannot wait on the key's owner; polling");
+                            return seen;
+                        }
+                    }
                 }
             })
             .await

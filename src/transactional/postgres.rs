@@ -21,12 +21,16 @@
 //! form; its two halves are 64 bits of the key's SHA-256. Two keys whose halves collide only
 //! make one wait for the other.
 
-use std::{fmt::Write, sync::Arc, time::Duration};
+use std::{
+    fmt::Write,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::TryStreamExt;
-use sqlx::{Either, PgConnection, Postgres, Row, Transaction};
+use sqlx::{postgres::PgPoolOptions, Either, PgConnection, Postgres, Row, Transaction};
 
 use super::dialect::{
     begin_then_claim, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart,
@@ -34,7 +38,7 @@ use super::dialect::{
 use crate::{
     record::{Fingerprint, StoreKey, Token},
     sql,
-    store::{pg_notify, PostgresStore, StoreError},
+    store::{PostgresStore, StoreError},
 };
 
 const BACKEND: &str = "postgres";
@@ -45,14 +49,22 @@ const NOT_CLAIMED: &str = "22012";
 /// SQLSTATE `unique_violation`.
 const UNIQUE_VIOLATION: &str = "23505";
 
+/// SQLSTATE `lock_not_available`: a wait on an owner's lock ran out of time.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+/// Connections a store may hold, per process, blocked on owners' locks for duplicates waiting
+/// in this process (one per key being waited on); past that, duplicates poll.
+const WAITING_CONNECTIONS: u32 = 4;
+
 struct PgDialect {
     pool: sqlx::PgPool,
+    /// Connections of their own for [`TxDialect::await_owner`], opened on first use: a
+    /// blocked wait must never take a connection that a request needs.
+    waiting: OnceLock<sqlx::PgPool>,
     table: String,
-    /// The channel the store's listeners hear completions on, if it notifies: the record's
-    /// `INSERT` is followed by a `pg_notify`, delivered at the commit and never on rollback.
-    channel: Option<String>,
     claim: sqlx::SqlStr,
     probe: sqlx::SqlStr,
+    await_owner: sqlx::SqlStr,
 }
 
 impl TransactionalStore for PostgresStore {
@@ -88,10 +100,17 @@ impl TransactionalStore for PostgresStore {
         );
         Arc::new(PgDialect {
             pool: self.pool().clone(),
+            waiting: OnceLock::new(),
             table: t.to_owned(),
-            channel: self.channel().map(str::to_owned),
             claim: sql::statement(claim),
             probe: sql::statement(probe),
+            // The target list runs left to right: the time limit is set before the wait. The
+            // shared lock is granted once the owner's transaction has ended, its record
+            // visible, and it is let go again at the end of this statement.
+            await_owner: sql::statement(
+                "SELECT set_config('lock_timeout', $1, false), pg_advisory_xact_lock_shared($2, $3)"
+                    .to_owned(),
+            ),
         })
     }
 }
@@ -280,15 +299,12 @@ impl TxDialect<Postgres> for PgDialect {
         bytea_literal(&mut text, fingerprint.as_bytes());
         text.push_str(", NULL, ");
         bytea_literal(&mut text, &payload);
+        // No NOTIFY: PostgreSQL serialises the commits of notifying transactions, which would
+        // cap every owner's commit; duplicates elsewhere wait on the key's lock instead.
         let _ = write!(
             text,
-            ", clock_timestamp() + {retention} * interval '1 millisecond'); "
+            ", clock_timestamp() + {retention} * interval '1 millisecond'); COMMIT; BEGIN"
         );
-        if let Some(channel) = &self.channel {
-            // Both a derived table name and a hex digest are safe inside a plain literal.
-            let _ = write!(text, "{}; ", pg_notify::notify_call(channel, key));
-        }
-        text.push_str("COMMIT; BEGIN");
         // Every value in the text is a literal escaped above.
         let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(text)).fetch_many(&mut *tx);
         let mut done = 0;
@@ -307,6 +323,40 @@ impl TxDialect<Postgres> for PgDialect {
             }
         }
         Ok(TxCommit::Committed)
+    }
+
+    fn can_await_owner(&self) -> bool {
+        true
+    }
+
+    async fn await_owner(&self, key: &StoreKey, at_most: Duration) -> Result<bool, StoreError> {
+        let waiting = self.waiting.get_or_init(|| {
+            PgPoolOptions::new()
+                .max_connections(WAITING_CONNECTIONS)
+                // All taken: poll rather than queue behind other keys' waits.
+                .acquire_timeout(Duration::from_millis(20))
+                .connect_lazy_with((*self.pool.connect_options()).clone())
+        });
+        let Ok(mut conn) = waiting.acquire().await else {
+            return Ok(false);
+        };
+        let (high, low) = lock_id(key);
+        let limit = format!("{}ms", sql::millis(at_most)?.max(1));
+        match sqlx::query(self.await_owner.clone())
+            .bind(limit)
+            .bind(high)
+            .bind(low)
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(error))
+                if error.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
+            {
+                Ok(false)
+            }
+            Err(error) => Err(backend(error)),
+        }
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {
