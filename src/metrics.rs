@@ -41,11 +41,66 @@ pub const STORE_UNAVAILABLE: &str = "store_unavailable";
 /// The `outcome` of a request the HTTP layer rejected itself; see its `reason` label.
 pub const REJECTED: &str = "rejected";
 
+/// Keys built at compile time for the events of every request, so that recording one does
+/// not build (and allocate) its key each time; rarer events use the facade's macros.
+#[cfg(feature = "metrics")]
+mod keys {
+    use ::metrics::{Key, Label, Level, Metadata};
+
+    pub(super) static METADATA: Metadata<'static> =
+        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    macro_rules! labelled {
+        ($key:ident, $labels:ident, $name:expr, $label:literal => $value:expr) => {
+            static $labels: [Label; 1] = [Label::from_static_parts($label, $value)];
+            pub(super) static $key: Key = Key::from_static_parts($name, &$labels);
+        };
+    }
+
+    labelled!(EXECUTED, EXECUTED_L, super::REQUESTS, "outcome" => super::EXECUTED);
+    labelled!(REPLAYED, REPLAYED_L, super::REQUESTS, "outcome" => super::REPLAYED);
+    labelled!(KEY_REUSED, KEY_REUSED_L, super::REQUESTS, "outcome" => super::KEY_REUSED);
+    labelled!(IN_PROGRESS, IN_PROGRESS_L, super::REQUESTS, "outcome" => super::IN_PROGRESS);
+    labelled!(STORE_UNAVAILABLE, STORE_UNAVAILABLE_L, super::REQUESTS, "outcome" => super::STORE_UNAVAILABLE);
+    labelled!(CLAIM, CLAIM_L, super::STORE_SECONDS, "operation" => "claim");
+    labelled!(LOOKUP, LOOKUP_L, super::STORE_SECONDS, "operation" => "lookup");
+    labelled!(COMPLETE, COMPLETE_L, super::STORE_SECONDS, "operation" => "complete");
+    labelled!(RELEASE, RELEASE_L, super::STORE_SECONDS, "operation" => "release");
+
+    /// The counter key of a request `outcome`, if it is one of the outcome constants.
+    pub(super) fn outcome(outcome: &str) -> Option<&'static Key> {
+        Some(match outcome {
+            super::EXECUTED => &EXECUTED,
+            super::REPLAYED => &REPLAYED,
+            super::KEY_REUSED => &KEY_REUSED,
+            super::IN_PROGRESS => &IN_PROGRESS,
+            super::STORE_UNAVAILABLE => &STORE_UNAVAILABLE,
+            _ => return None,
+        })
+    }
+
+    /// The latency histogram key of a store `operation`, if it is one the engine times.
+    pub(super) fn operation(operation: &str) -> Option<&'static Key> {
+        Some(match operation {
+            "claim" => &CLAIM,
+            "lookup" => &LOOKUP,
+            "complete" => &COMPLETE,
+            "release" => &RELEASE,
+            _ => return None,
+        })
+    }
+}
+
 /// Counts one request with `outcome` (one of the outcome constants of this module).
 #[inline]
 pub(crate) fn request(outcome: &'static str) {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(REQUESTS, "outcome" => outcome).increment(1);
+    match keys::outcome(outcome) {
+        Some(key) => ::metrics::with_recorder(|recorder| {
+            recorder.register_counter(key, &keys::METADATA).increment(1)
+        }),
+        None => ::metrics::counter!(REQUESTS, "outcome" => outcome).increment(1),
+    }
     #[cfg(not(feature = "metrics"))]
     let _ = outcome;
 }
@@ -90,8 +145,15 @@ pub(crate) async fn store_call<T, E>(
     {
         let started = std::time::Instant::now();
         let result = call.await;
-        ::metrics::histogram!(STORE_SECONDS, "operation" => operation)
-            .record(started.elapsed().as_secs_f64());
+        let seconds = started.elapsed().as_secs_f64();
+        match keys::operation(operation) {
+            Some(key) => ::metrics::with_recorder(|recorder| {
+                recorder
+                    .register_histogram(key, &keys::METADATA)
+                    .record(seconds)
+            }),
+            None => ::metrics::histogram!(STORE_SECONDS, "operation" => operation).record(seconds),
+        }
         if result.is_err() {
             ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
         }

@@ -139,6 +139,20 @@ async fn metrics_count_one_executed_and_one_replayed_request() {
     };
     assert_eq!(count(tower_idempotency::metrics::EXECUTED), "1");
     assert_eq!(count(tower_idempotency::metrics::REPLAYED), "1");
+    // Each request claimed once (the retry's claim found the record); one completed.
+    let timed = |operation: &str| {
+        let series = format!(
+            "{}_count{{operation=\"{operation}\"}} ",
+            tower_idempotency::metrics::STORE_SECONDS
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .unwrap_or_else(|| panic!("no {series}in:\n{text}"))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(timed("claim"), "2");
+    assert_eq!(timed("complete"), "1");
     assert_eq!(server.charges().await, 1);
 }
 
