@@ -45,7 +45,13 @@ async fn pool() -> Option<PgPool> {
 /// A table of its own, migrated, and two stores on it with separate pools: two "processes".
 async fn two_stores() -> Option<(PostgresStore, PostgresStore, String)> {
     let table = format!("tower_idempotency_wake_{}", &Token::random().to_hex()[..12]);
-    let open = |pool| PostgresStore::builder(pool).table(&table).build().unwrap();
+    let open = |pool| {
+        PostgresStore::builder(pool)
+            .table(&table)
+            .completion_notifications(true)
+            .build()
+            .unwrap()
+    };
     let owner = open(pool().await?);
     owner.migrate().await.expect("migrate");
     let waiter = open(pool().await?);

@@ -133,11 +133,12 @@ bench_wakeups() {
 
 Two processes of the payments example share one store; loadgen sends $STORM_COPIES copies of
 each of $STORM_KEYS keys spread over both (handler ${STORM_DELAY_MS} ms), so most copies wait
-for an original running in the other process. The original's completion wakes them:
-PostgreSQL \`NOTIFY\` from the completing statement (delivered at commit) to one \`LISTEN\`ing
-connection per process, Redis \`PUBLISH\` from the completion script to one subscriber per
-process; each process then looks once per key (one watch per key per process, shared by all
-its waiters). Polling (100 ms doubling to 1 s) only backs up a lost notification.
+for an original running in the other process. On PostgreSQL (the transactional mode) each
+process's watch of a key blocks on the owner's advisory lock, on a connection of its own (at
+most 4 per process), and wakes when the owner's transaction ends; the commit notifies nobody.
+On Redis the completion script \`PUBLISH\`es to one subscriber per process. Each process then
+looks once per key (one watch per key per process, shared by all its waiters). Polling (100
+ms doubling to 1 s) only backs up a wait that could not block or a lost notification.
 
 | storm | executions | later copies after the fastest | store work during the storm (the server's own counters) |
 |---|---|---|---|

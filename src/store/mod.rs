@@ -119,7 +119,9 @@ pub trait Store: Send + Sync + 'static {
     /// Optional (the default is `None`: waiters poll). A notification is a hint, never
     /// required for correctness: it may be lost, and waiters keep polling at a slower pace.
     ///
-    /// PostgreSQL (`LISTEN`/`NOTIFY`) and Redis on one server (pub/sub) have them. MySQL /
+    /// PostgreSQL (`LISTEN`/`NOTIFY`, when turned on with
+    /// `PostgresStoreBuilder::completion_notifications`) and Redis on one server (pub/sub)
+    /// have them. MySQL /
     /// MariaDB and SQLite have no such primitive and Redis Cluster does not use one (see
     /// `RedisStoreBuilder::notify_with`): their waiters in other processes poll, 5 ms doubling to
     /// 250 ms. The memory store serves one process, whose waiters its owners wake directly.

@@ -79,13 +79,15 @@ const CLAIM_ATTEMPTS: usize = 8;
 ///
 /// # Completion notifications
 ///
-/// `complete` and `release` `NOTIFY` a channel named after the table with the key's digest,
-/// from the same statement (no extra round trip), and each store value (with its clones)
-/// keeps one connection (besides its pool) `LISTEN`ing once an engine on it starts, so a
-/// duplicate waiting in another process is woken when the original finishes instead of at its
-/// next poll (see [`Store::completions`]). PostgreSQL serialises the commits of notifying
-/// transactions; [`PostgresStoreBuilder::completion_notifications`] turns the notifications
-/// off, and waiters then poll.
+/// Off by default. With [`PostgresStoreBuilder::completion_notifications`], `complete` and
+/// `release` `NOTIFY` a channel named after the table with the key's digest, from the same
+/// statement (no extra round trip), and each store value (with its clones) keeps one
+/// connection (besides its pool) `LISTEN`ing once an engine on it starts, so a duplicate
+/// waiting in another process is woken when the original finishes instead of at its next poll
+/// (see [`Store::completions`]). The price: PostgreSQL serialises the commits of notifying
+/// transactions, which measured at less than half the rate of new keys per second under
+/// concurrency (BENCHMARKS.md). The transactional mode never notifies: its duplicates wait on
+/// the owner's lock.
 ///
 /// # Purging
 ///
@@ -246,7 +248,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn new(pool: PgPool) -> Self {
-        Self::assemble(pool, default_table(), true)
+        Self::assemble(pool, default_table(), false)
     }
 
     /// A builder, to choose the table name.
@@ -341,10 +343,12 @@ impl Assemble for PostgresStore {
 }
 
 impl PostgresStoreBuilder {
-    /// Whether `complete` and `release` notify waiters in other processes (default on; see
+    /// Whether `complete` and `release` notify waiters in other processes (default off; see
     /// [`Store::completions`]): the settling statement itself calls `pg_notify` on a channel
-    /// named after the table, and each store keeps one extra connection `LISTEN`ing.
-    /// PostgreSQL serialises the commits of notifying transactions; off, waiters poll.
+    /// named after the table, and each store keeps one extra connection `LISTEN`ing. Turn it
+    /// on when duplicates across processes must be answered within a millisecond; it costs
+    /// commit parallelism, since PostgreSQL serialises the commits of notifying transactions.
+    /// Off, waiters in other processes poll (5 ms doubling to 250 ms).
     pub fn completion_notifications(self, on: bool) -> Self {
         self.notify(on)
     }

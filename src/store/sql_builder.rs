@@ -53,7 +53,7 @@ impl<S: SqlStore> SqlStoreBuilder<S> {
         Self {
             pool,
             table: S::DEFAULT_TABLE.to_owned(),
-            notify: true,
+            notify: false,
         }
     }
 
