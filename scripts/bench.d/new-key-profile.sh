@@ -16,9 +16,11 @@ layer_profile_bin() {
 
 # callgrind_instructions BIN KIND OUT: runs KIND requests under callgrind, collecting only the
 # request loop; prints the instructions per request.
+# The pattern names `drive` exactly: a wildcard would also match its async block, and every
+# entry into a matching function toggles collection, so the block's work would go uncounted.
 callgrind_instructions() {
   local bin=$1 kind=$2 out=$3
-  valgrind --tool=callgrind --callgrind-out-file="$out" --toggle-collect='*layer_profile*drive*' \
+  valgrind --tool=callgrind --callgrind-out-file="$out" --toggle-collect='layer_profile::drive' \
     "$bin" run "$kind" "$PROFILE_REQUESTS" >/dev/null 2>&1
   local total
   total=$(callgrind_annotate "$out" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')

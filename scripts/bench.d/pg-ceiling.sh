@@ -11,8 +11,8 @@
 # ceiling_tps SCRIPT: transactions per second of one pgbench run of $WORK/SCRIPT.sql.
 ceiling_tps() {
   pgbench "$PG_URL" -n -M simple -c "$PG_CONCURRENCY" -j 2 -T "${BENCH_CEILING_SECONDS:-5}" \
-    -f "$WORK/$1.sql" >"$WORK/ceiling-$1.out" 2>&1 || { cat "$WORK/ceiling-$1.out" >&2; exit 1; }
-  sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$WORK/ceiling-$1.out" | head -n 1
+    -f "$WORK/$1.sql" >"$WORK/ceiling-$1.pgbench" 2>&1 || { cat "$WORK/ceiling-$1.pgbench" >&2; exit 1; }
+  sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$WORK/ceiling-$1.pgbench" | head -n 1
 }
 
 bench_pg_ceiling() {
