@@ -126,31 +126,21 @@ async fn metrics_count_one_executed_and_one_replayed_request() {
     let scraped = server.get("/metrics").await;
     assert_eq!(scraped.status, StatusCode::OK);
     let text = String::from_utf8(scraped.body.to_vec()).expect("Prometheus text is UTF-8");
-    let count = |outcome: &str| {
-        let series = format!(
-            "{}{{outcome=\"{outcome}\"}} ",
-            tower_idempotency::metrics::REQUESTS
-        );
+    // The value of the series `name{label="value"}` in the scraped text.
+    let series = |name: &str, label: &str, value: &str| {
+        let series = format!("{name}{{{label}=\"{value}\"}} ");
         text.lines()
             .find_map(|line| line.strip_prefix(series.as_str()))
             .unwrap_or_else(|| panic!("no {series}in:\n{text}"))
             .trim()
             .to_owned()
     };
+    let count = |outcome: &str| series(tower_idempotency::metrics::REQUESTS, "outcome", outcome);
     assert_eq!(count(tower_idempotency::metrics::EXECUTED), "1");
     assert_eq!(count(tower_idempotency::metrics::REPLAYED), "1");
     // Each request claimed once (the retry's claim found the record); one completed.
-    let timed = |operation: &str| {
-        let series = format!(
-            "{}_count{{operation=\"{operation}\"}} ",
-            tower_idempotency::metrics::STORE_SECONDS
-        );
-        text.lines()
-            .find_map(|line| line.strip_prefix(series.as_str()))
-            .unwrap_or_else(|| panic!("no {series}in:\n{text}"))
-            .trim()
-            .to_owned()
-    };
+    let latency = format!("{}_count", tower_idempotency::metrics::STORE_SECONDS);
+    let timed = |operation: &str| series(&latency, "operation", operation);
     assert_eq!(timed("claim"), "2");
     assert_eq!(timed("complete"), "1");
     assert_eq!(server.charges().await, 1);

@@ -8,6 +8,8 @@
 
 #[path = "common/backends.rs"]
 mod backends;
+#[path = "common/pg_effects.rs"]
+mod pg_effects;
 
 use std::{
     sync::{
@@ -18,48 +20,17 @@ use std::{
 };
 
 use bytes::Bytes;
-use sqlx::postgres::PgPoolOptions;
+use pg_effects::effects;
 use tokio::sync::Barrier;
 use tower_idempotency::{
     engine::{Engine, Execution},
-    store::PostgresStore,
     transactional::Transactional,
     Fingerprint, StoreKey, Token,
 };
 
-async fn fixture() -> Option<(PostgresStore, String)> {
-    let url = backends::url_or_skip("TEST_POSTGRES_URL")?;
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&url)
-        .await
-        .expect("TEST_POSTGRES_URL is set but unreachable");
-    let store = PostgresStore::new(pool);
-    store.migrate().await.expect("migrate");
-    let table = format!("tx_taken_{}", &Token::random().to_hex()[..12]);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {table} (k TEXT NOT NULL)"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("create the effects table");
-    Some((store, table))
-}
-
-async fn effects(store: &PostgresStore, table: &str, key: &StoreKey) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {table} WHERE k = $1"
-    )))
-    .bind(key.key())
-    .fetch_one(store.pool())
-    .await
-    .expect("count effects")
-}
-
 #[tokio::test]
 async fn an_owner_whose_key_was_recorded_meanwhile_rolls_back_and_replays_the_record() {
-    let Some((store, table)) = fixture().await else {
+    let Some((store, table)) = pg_effects::store_and_table(8, "tx_taken").await else {
         return;
     };
     let mode = Transactional::new(store.clone());
@@ -108,7 +79,7 @@ async fn an_owner_whose_key_was_recorded_meanwhile_rolls_back_and_replays_the_re
 /// key exactly one of them commits its effect, and everyone answers with that one's output.
 #[tokio::test]
 async fn a_storm_of_both_modes_on_one_key_commits_exactly_one_effect() {
-    let Some((store, table)) = fixture().await else {
+    let Some((store, table)) = pg_effects::store_and_table(8, "tx_taken").await else {
         return;
     };
     const KEYS: usize = 20;
@@ -193,7 +164,7 @@ async fn a_storm_of_both_modes_on_one_key_commits_exactly_one_effect() {
 /// payload, come back verbatim, and the key's separate-mode lookup finds the same record.
 #[tokio::test]
 async fn keys_and_payloads_with_quotes_backslashes_and_any_bytes_are_recorded_verbatim() {
-    let Some((store, table)) = fixture().await else {
+    let Some((store, table)) = pg_effects::store_and_table(8, "tx_taken").await else {
         return;
     };
     let mode = Transactional::new(store.clone());

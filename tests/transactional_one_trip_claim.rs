@@ -7,14 +7,12 @@
 
 #[path = "common/backends.rs"]
 mod backends;
+#[path = "common/pg_effects.rs"]
+mod pg_effects;
 
-use std::{
-    sync::atomic::{AtomicUsize, Ordering},
-    time::Duration,
-};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use sqlx::postgres::PgPoolOptions;
 use tower_idempotency::{
     engine::Execution, store::PostgresStore, transactional::Transactional, Fingerprint, StoreKey,
     Token,
@@ -23,33 +21,12 @@ use tower_idempotency::{
 /// A store on a pool of ONE connection, so that every request reuses the connection the
 /// previous one left behind, and a table of effects.
 async fn one_connection() -> Option<(Transactional<PostgresStore>, String)> {
-    let url = backends::url_or_skip("TEST_POSTGRES_URL")?;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&url)
-        .await
-        .expect("TEST_POSTGRES_URL is set but unreachable");
-    let store = PostgresStore::new(pool);
-    store.migrate().await.expect("migrate");
-    let table = format!("tx_one_trip_{}", &Token::random().to_hex()[..12]);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {table} (k TEXT NOT NULL)"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("create the effects table");
+    let (store, table) = pg_effects::store_and_table(1, "tx_one_trip").await?;
     Some((Transactional::new(store), table))
 }
 
 async fn effects(mode: &Transactional<PostgresStore>, table: &str, key: &StoreKey) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {table} WHERE k = $1"
-    )))
-    .bind(key.key())
-    .fetch_one(mode.store().pool())
-    .await
-    .expect("count effects")
+    pg_effects::effects(mode.store(), table, key).await
 }
 
 /// Runs an operation that records one effect under `key` and answers `output`.

@@ -19,12 +19,16 @@
 
 mod broker;
 mod consume;
+// The environment helpers of the pipeline examples.
+#[path = "../pipeline/mod.rs"]
+mod pipeline;
 mod relay;
 
-use std::{process::ExitCode, str::FromStr};
+use std::process::ExitCode;
 
 use broker::Broker;
 use consume::{Arm, Setup};
+use pipeline::{number, var};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -113,17 +117,4 @@ async fn run() -> Result<(), BoxError> {
     }
     pool.close().await;
     Ok(())
-}
-
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-fn number<T: FromStr>(name: &str, default: T) -> Result<T, String> {
-    match var(name) {
-        None => Ok(default),
-        Some(text) => text
-            .parse()
-            .map_err(|_| format!("{name}={text:?} is not a valid non-negative integer")),
-    }
 }

@@ -161,6 +161,15 @@ enum Found {
     Nothing,
 }
 
+/// The owner's `BEGIN`, with the setting that ends a transaction left idle for `idle_limit`
+/// (an owner stuck without dying), which frees its key.
+fn begin_text(idle_limit: Duration) -> Result<String, StoreError> {
+    let idle_ms = sql::millis(idle_limit)?.max(1);
+    Ok(format!(
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
+    ))
+}
+
 fn found(rows: &[sqlx::postgres::PgRow]) -> Result<Found, StoreError> {
     let mut verdict = Found::Nothing;
     for row in rows {
@@ -187,13 +196,9 @@ impl TxDialect<Postgres> for PgDialect {
         &self,
         idle_limit: Duration,
     ) -> Result<Transaction<'static, Postgres>, StoreError> {
-        // One round trip: the setting rides on the BEGIN. A transaction left idle that long
-        // (an owner stuck without dying) is ended by the server, which frees its key.
-        let idle_ms = sql::millis(idle_limit)?.max(1);
+        // One round trip: the setting rides on the BEGIN.
         self.pool
-            .begin_with(sqlx::AssertSqlSafe(format!(
-                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
-            )))
+            .begin_with(sqlx::AssertSqlSafe(begin_text(idle_limit)?))
             .await
             .map_err(backend)
     }
@@ -233,7 +238,7 @@ impl TxDialect<Postgres> for PgDialect {
         if key.scope().contains('\0') || key.key().contains('\0') {
             return begin_then_claim(self, idle_limit, key, fingerprint, lease).await;
         }
-        let idle_ms = sql::millis(idle_limit)?.max(1);
+        let begin = begin_text(idle_limit)?;
         let (high, low) = lock_id(key);
         let t = &self.table;
         let mut this_key = String::with_capacity(40 + key.scope().len() + key.key().len());
@@ -247,7 +252,7 @@ impl TxDialect<Postgres> for PgDialect {
         // server evaluates the two), which aborts the text with the transaction: the key is
         // busy or recorded, and the probe below tells which. A DELETE runs only under the lock.
         let text = format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}; \
+            "{begin}; \
              SELECT 1 / (pg_try_advisory_xact_lock({high}, {low}) AND NOT EXISTS ( \
                  SELECT 1 FROM {t} WHERE {this_key} AND expires_at > clock_timestamp()))::int; \
              DELETE FROM {t} WHERE {this_key} AND expires_at <= clock_timestamp()"
