@@ -20,7 +20,7 @@ use axum::{
 };
 use bytes::Bytes;
 use common::{layer_with, Runs};
-use http_body::Frame;
+use http_body::{Body as _, Frame};
 use http_body_util::{BodyExt, StreamBody};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
@@ -34,6 +34,7 @@ type Feeds = Arc<Mutex<mpsc::UnboundedSender<Feed>>>;
 
 /// `POST /stream`: counts a run and answers 200 with a body whose frames the test sends.
 /// `POST /grpc`: counts a run and answers two data frames then a `grpc-status: 0` trailer.
+/// `POST /whole`: counts a run and answers a body of known length in one frame.
 fn app(runs: Runs, feeds: Feeds) -> Router {
     let layer = layer_with(MemoryStore::new(), |e| {
         e.in_progress(InProgressPolicy::Reject)
@@ -41,6 +42,13 @@ fn app(runs: Runs, feeds: Feeds) -> Router {
     Router::new()
         .route("/stream", post(stream))
         .route("/grpc", post(grpc))
+        .route(
+            "/whole",
+            post(|State((runs, _)): State<(Runs, Feeds)>| async move {
+                runs.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                "the whole answer"
+            }),
+        )
         .with_state((runs, feeds))
         .layer(layer)
 }
@@ -129,6 +137,36 @@ async fn a_streaming_response_reaches_the_first_caller_before_it_ends() {
     assert_eq!(replay.status(), StatusCode::OK);
     let replayed = replay.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(replayed, "event: 1\n\nevent: 2\n\n");
+    assert_eq!(runs.count(), 1);
+}
+
+/// A body that knows its end (here one frame of known length) ends with its last data frame:
+/// hyper writes it and drops the body without polling again. So the outcome is recorded before
+/// that frame is handed out, and a retry sent the moment the caller has the last byte replays
+/// it. The runtime is single-threaded and nothing yields in between, so no background task
+/// could have recorded it instead (with `InProgressPolicy::Reject`, a record still in progress
+/// would answer 409).
+#[tokio::test]
+async fn a_body_of_known_length_is_recorded_before_its_last_frame_is_handed_out() {
+    let (app, runs, _feeds) = setup();
+    let response = app.clone().oneshot(request("/whole")).await.unwrap();
+    let mut body = response.into_body();
+    let only = body.frame().await.unwrap().unwrap();
+    assert_eq!(only.into_data().unwrap(), "the whole answer");
+    assert!(
+        body.is_end_stream(),
+        "after the last frame the body must say it ended, or hyper reads on"
+    );
+    drop(body);
+
+    let replay = app.oneshot(request("/whole")).await.unwrap();
+    assert_eq!(
+        replay.status(),
+        StatusCode::OK,
+        "the outcome was not recorded yet"
+    );
+    let replayed = replay.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(replayed, "the whole answer");
     assert_eq!(runs.count(), 1);
 }
 

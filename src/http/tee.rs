@@ -105,8 +105,8 @@ impl Recorder {
 pub(crate) struct Tee {
     inner: ResponseBody,
     recorder: Option<Recorder>,
-    /// The outcome being recorded, and the frame (trailers) to hand on once it is; `None`
-    /// frame: the end of the body.
+    /// The outcome being recorded, and the frame (the trailers, or the last data frame of a
+    /// body that knew its end) to hand on once it is; `None` frame: the end of the body.
     settling: Option<(BoxFuture, Option<Frame<Bytes>>)>,
     done: bool,
 }
@@ -144,10 +144,19 @@ impl Body for Tee {
             match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                 Some(Ok(frame)) => {
                     if let Some(data) = frame.data_ref() {
-                        if let Some(recorder) = &mut this.recorder {
-                            recorder.keep(data);
+                        let Some(recorder) = &mut this.recorder else {
+                            return Poll::Ready(Some(Ok(frame)));
+                        };
+                        recorder.keep(data);
+                        if !this.inner.is_end_stream() {
+                            return Poll::Ready(Some(Ok(frame)));
                         }
-                        return Poll::Ready(Some(Ok(frame)));
+                        // The last frame of a body that knows its end (a `Full` body, a known
+                        // length): hyper drops such a body after writing it without asking for
+                        // more, so record now, then hand the frame on as the end.
+                        let recorder = this.recorder.take().expect("checked above");
+                        this.settling = Some((recorder.finish(None), Some(frame)));
+                        continue;
                     }
                     let Some(recorder) = this.recorder.take() else {
                         return Poll::Ready(Some(Ok(frame)));
