@@ -9,7 +9,9 @@ use std::{
 
 use tokio::{sync::Semaphore, time::Instant};
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// Work on the heap: boxed once by its maker, so the request's own future holds a pointer
+/// rather than the whole state of the claim and the handler.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Drives a future in the caller's task; if the caller is dropped before it finishes (the
 /// client disconnected), the rest of it is handed to a new tokio task and runs to completion
@@ -29,13 +31,9 @@ pub(crate) struct DetachOnDrop<T: Send + 'static> {
 }
 
 impl<T: Send + 'static> DetachOnDrop<T> {
-    pub(crate) fn new(
-        work: impl Future<Output = T> + Send + 'static,
-        slots: Arc<Semaphore>,
-        deadline: Instant,
-    ) -> Self {
+    pub(crate) fn new(work: BoxFuture<T>, slots: Arc<Semaphore>, deadline: Instant) -> Self {
         Self {
-            work: Some(Box::pin(work)),
+            work: Some(work),
             slots,
             deadline,
         }
@@ -100,13 +98,13 @@ mod tests {
     async fn work_left_by_a_dropped_caller_still_finishes() {
         let finished = Arc::new(AtomicBool::new(false));
         let work = DetachOnDrop::new(
-            {
+            Box::pin({
                 let finished = finished.clone();
                 async move {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     finished.store(true, Ordering::SeqCst);
                 }
-            },
+            }),
             Arc::new(Semaphore::new(1)),
             far(),
         );
@@ -144,10 +142,18 @@ mod tests {
         // Takes the only slot, and ends at its deadline.
         let first = Arc::new(AtomicBool::new(false));
         let soon = Instant::now() + std::time::Duration::from_millis(50);
-        drop(DetachOnDrop::new(endless(&first), slots.clone(), soon));
+        drop(DetachOnDrop::new(
+            Box::pin(endless(&first)),
+            slots.clone(),
+            soon,
+        ));
         // No slot left: dropped at once.
         let second = Arc::new(AtomicBool::new(false));
-        drop(DetachOnDrop::new(endless(&second), slots.clone(), far()));
+        drop(DetachOnDrop::new(
+            Box::pin(endless(&second)),
+            slots.clone(),
+            far(),
+        ));
         assert!(
             second.load(Ordering::SeqCst),
             "work over the limit was detached"

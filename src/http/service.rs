@@ -24,7 +24,7 @@ use super::{
     answer::{rejection_for, render, replay},
     body::{self, ResponseBody},
     config::Config,
-    detach::DetachOnDrop,
+    detach::{BoxFuture, DetachOnDrop},
     fingerprint::fingerprint,
     key::parse_key,
     layer::IdempotencyLayer,
@@ -105,8 +105,6 @@ impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
             .finish_non_exhaustive()
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 pin_project_lite::pin_project! {
     /// The response future of [`IdempotencyService`].
@@ -223,7 +221,8 @@ where
             self.config.clone(),
             self.transactional.clone(),
         );
-        ResponseFuture::protected(Box::pin(protect(inner, engine, config, mode, key, request)))
+        let f = protect(inner, engine, config, mode, key, request);
+        ResponseFuture::protected(Box::pin(f))
     }
 }
 
@@ -258,7 +257,11 @@ where
         None => return Ok(render(&config, Rejection::MissingIdentity)),
     };
     let key = StoreKey::new(scope, key);
-    let span = tracing::info_span!("idempotency", key = %key.lazy_log_id(), method = %parts.method);
+    // DEBUG, as tower-http's `TraceLayer` spans are: at INFO a formatting subscriber builds
+    // and formats every request's span, about a microsecond each. The engine's and the tee's
+    // warnings and errors name their key themselves.
+    let span =
+        tracing::debug_span!("idempotency", key = %key.lazy_log_id(), method = %parts.method);
     async {
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
             Ok(body) => body,
@@ -275,7 +278,7 @@ where
         #[cfg(feature = "sqlx")]
         if let Some(mode) = mode {
             let retry_after = engine.retry_after_delay();
-            let claim_and_run = async move {
+            let claim_and_run = Box::pin(async move {
                 let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
                     Ok(Some(HttpBegin::Run(owner))) => (owner, inner),
                     Ok(Some(HttpBegin::Replay(payload))) => return Ok(replay(&config, payload)),
@@ -283,7 +286,7 @@ where
                         // As in the separate mode: a waiting duplicate holds no readied service.
                         let unreadied = inner.clone();
                         drop(inner);
-                        match mode.wait_for(key.clone(), fingerprint).await {
+                        match Box::pin(mode.wait_for(key.clone(), fingerprint)).await {
                             Ok(HttpBegin::Run(owner)) => match ready(unreadied).await {
                                 Ok(inner) => (owner, inner),
                                 Err(error) => {
@@ -305,12 +308,12 @@ where
                 };
                 transactional::execute(inner, owner, request, config, retry_after, Some(duplicate))
                     .await
-            };
+            });
             return run_detachable(claim_and_run, detach, slots, deadline).await;
         }
         // From the claim on, the work is detachable: a client hanging up while the claim is
         // in flight must not leave a claim behind that nobody completes or releases.
-        let claim_and_run = async move {
+        let claim_and_run = Box::pin(async move {
             let (claim, inner) = match engine.try_begin(&key, &fingerprint).await {
                 Ok(Some(Begin::Run(claim))) => (claim, inner),
                 Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, payload)),
@@ -320,11 +323,12 @@ where
                     // slot). It keeps an unreadied clone, readied only if it takes over.
                     let unreadied = inner.clone();
                     drop(inner);
-                    match engine.wait_for(key, fingerprint).await {
+                    // Boxed: a rare path, kept out of every request's future.
+                    match Box::pin(engine.wait_for(key, fingerprint)).await {
                         Ok(Begin::Run(claim)) => match ready(unreadied).await {
                             Ok(inner) => (claim, inner),
                             Err(error) => {
-                                let _ = claim.release().await;
+                                give_up(claim).await;
                                 return Err(error);
                             }
                         },
@@ -337,7 +341,7 @@ where
             let mut request = Request::from_parts(parts, ReqBody::from(body));
             request.extensions_mut().insert(claim.status());
             execute(inner, claim, request, config).await
-        };
+        });
         run_detachable(claim_and_run, detach, slots, deadline).await
     }
     .instrument(span)
@@ -356,14 +360,19 @@ where
 /// Drives the owner's work; with `detach`, a client hanging up moves the rest of it to a task
 /// of its own, where it finishes and records its outcome, within the detached-handler limits
 /// (`slots`, and `deadline` for its whole life).
+///
+/// `work` comes boxed: its state (the claim, the handler's future) is the largest part of a
+/// request's, and one allocation for it beats copying it through every enclosing future.
 async fn run_detachable<T: Send + 'static>(
-    work: impl std::future::Future<Output = T> + Send + 'static,
+    work: BoxFuture<T>,
     detach: bool,
     slots: std::sync::Arc<tokio::sync::Semaphore>,
     deadline: tokio::time::Instant,
 ) -> T {
     if detach {
-        DetachOnDrop::new(work.in_current_span(), slots, deadline).await
+        // Entered by the caller's span while attached; carries it into a detached task.
+        let work = Box::pin(work.in_current_span());
+        DetachOnDrop::new(work, slots, deadline).await
     } else {
         work.await
     }
@@ -390,7 +399,14 @@ where
     let deadline = tokio::time::Instant::now() + config.max_handler_lifetime;
     let (detach, slots) = (config.detach, config.detached.clone());
     let owner = mode.begin_unkeyed();
-    let work = transactional::execute(inner, owner, request, config, retry_after, None);
+    let work = Box::pin(transactional::execute(
+        inner,
+        owner,
+        request,
+        config,
+        retry_after,
+        None,
+    ));
     run_detachable(work, detach, slots, deadline).await
 }
 
@@ -418,43 +434,70 @@ where
     }
 }
 
+/// Releases the key when the owner's work did not end in an outcome to store. Boxed: a rare
+/// path, kept out of the state every request's future carries.
+fn give_up(claim: Claim) -> BoxFuture<()> {
+    Box::pin(async move {
+        let _ = claim.release().await;
+    })
+}
+
 /// Runs the inner service as the key's owner and records the outcome.
-async fn execute<S, ReqBody, ResBody>(
+///
+/// The service is called before the returned future starts, so that future carries the
+/// handler's future and the claim, not the request and the service as well.
+fn execute<S, ReqBody, ResBody>(
     mut inner: S,
     claim: Claim,
     request: Request<ReqBody>,
     config: std::sync::Arc<Config>,
-) -> Result<Response<ResponseBody>, S::Error>
+) -> impl Future<Output = Result<Response<ResponseBody>, S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let response = match claim
-        .run(AssertUnwindSafe(inner.call(request)).catch_unwind())
-        .await
-    {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => {
-            let _ = claim.release().await;
-            return Err(error);
+    let handler = AssertUnwindSafe(inner.call(request)).catch_unwind();
+    async move {
+        let (release, answer) = settle(handler.await, claim, config);
+        if let Some(release) = release {
+            release.await;
         }
+        answer
+    }
+}
+
+/// What the owner's handler ended in: a final response passes on, teed for replay; its
+/// error, a panic or a response not to store gives the key up first (the release returned).
+/// Not async, so the handler's outcome is not carried twice through the future's states.
+#[allow(clippy::type_complexity)]
+fn settle<ResBody, E>(
+    ended: Result<Result<Response<ResBody>, E>, Box<dyn std::any::Any + Send>>,
+    claim: Claim,
+    config: std::sync::Arc<Config>,
+) -> (Option<BoxFuture<()>>, Result<Response<ResponseBody>, E>)
+where
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let response = match ended {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return (Some(give_up(claim)), Err(error)),
         Err(_panic) => {
             tracing::error!("inner service panicked; releasing the key");
-            let _ = claim.release().await;
-            return Ok(render(&config, Rejection::HandlerPanicked));
+            let answer = render(&config, Rejection::HandlerPanicked);
+            return (Some(give_up(claim)), Ok(answer));
         }
     };
     if response.extensions().get::<DoNotStore>().is_some() || !(config.is_final)(response.status())
     {
         tracing::debug!(status = %response.status(), "outcome not final; releasing the key");
-        let _ = claim.release().await;
-        return Ok(response.map(body::boxed));
+        return (Some(give_up(claim)), Ok(response.map(body::boxed)));
     }
     let (parts, response_body) = response.into_parts();
     // Passed through as it comes, copied for replay alongside; the claim is settled when the
     // body ends (see `tee`).
     let recorder = Recorder::new(claim, parts.status, parts.headers.clone(), config);
     let body = body::boxed(Tee::new(body::boxed(response_body), recorder));
-    Ok(Response::from_parts(parts, body))
+    (None, Ok(Response::from_parts(parts, body)))
 }

@@ -65,7 +65,7 @@ impl Recorder {
             return;
         }
         if self.copy.len() + data.len() > self.config.max_response_body {
-            tracing::warn!(status = %self.status, limit = self.config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
+            tracing::warn!(key = %self.claim.key().log_id(), status = %self.status, limit = self.config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
             self.over_limit = true;
             self.copy = BytesMut::new();
         } else {
@@ -94,7 +94,7 @@ impl Recorder {
     }
 
     fn release(self, error: &BoxError) -> BoxFuture {
-        tracing::error!(error = %error, "response body failed; releasing the key");
+        tracing::error!(key = %self.claim.key().log_id(), error = %error, "response body failed; releasing the key");
         Box::pin(async move {
             let _ = self.claim.release().await;
         })
