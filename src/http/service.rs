@@ -133,7 +133,21 @@ impl<F, E> ResponseFuture<F, E> {
         }
     }
 
-    fn protected(future: BoxFuture<Result<Response<ResponseBody>, E>>) -> Self {
+    /// The protected work, detachable when the layer says so: a client hanging up at any
+    /// point (the claim in flight, the handler running, the outcome being written) must not
+    /// leave a claim behind that nobody completes or releases. The whole request's work is
+    /// detached rather than only what follows the claim, so its state is in one allocation
+    /// (and the detaching wrapper in a small one) instead of boxes inside boxes.
+    fn protected(future: BoxFuture<Result<Response<ResponseBody>, E>>, config: &Config) -> Self
+    where
+        E: Send + 'static,
+    {
+        let future = if config.detach {
+            let deadline = tokio::time::Instant::now() + config.max_handler_lifetime;
+            Box::pin(DetachOnDrop::new(future, config.detached.clone(), deadline))
+        } else {
+            future
+        };
         Self {
             state: State::Protected { future },
         }
@@ -200,13 +214,8 @@ where
                 if let Some(mode) = self.transactional.clone() {
                     let inner = take_ready(&mut self.inner);
                     let (config, retry_after) = (config.clone(), self.engine.retry_after_delay());
-                    return ResponseFuture::protected(Box::pin(unkeyed(
-                        inner,
-                        mode,
-                        request,
-                        config,
-                        retry_after,
-                    )));
+                    let work = Box::pin(unkeyed(inner, mode, request, config, retry_after));
+                    return ResponseFuture::protected(work, &self.config);
                 }
                 return ResponseFuture::passthrough(self.inner.call(request));
             }
@@ -221,8 +230,8 @@ where
             self.config.clone(),
             self.transactional.clone(),
         );
-        let f = protect(inner, engine, config, mode, key, request);
-        ResponseFuture::protected(Box::pin(f))
+        let work = protect(inner, engine, config, mode, key, request);
+        ResponseFuture::protected(work, &self.config)
     }
 }
 
@@ -232,29 +241,35 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
     std::mem::replace(inner, clone)
 }
 
-async fn protect<S, ReqBody, ResBody>(
+/// A keyed request's work: read the body, claim, then run or replay. The part that needs no
+/// waiting runs now, so the future returned (boxed, as the response future keeps it) carries
+/// the request's parts once, not again as an argument of an `async fn`.
+fn protect<S, ReqBody, ResBody>(
     inner: S,
     engine: Engine,
     config: Arc<Config>,
     mode: Option<TxMode>,
     key: String,
     request: Request<ReqBody>,
-) -> Result<Response<ResponseBody>, S::Error>
+) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let arrived = tokio::time::Instant::now();
     let (parts, body) = request.into_parts();
     let scope = match (config.scope)(&parts) {
         Some(scope) => scope,
         None if config.anonymous_scope => scope::ANONYMOUS.to_owned(),
-        None => return Ok(render(&config, Rejection::MissingIdentity)),
+        None => {
+            let answer = render(&config, Rejection::MissingIdentity);
+            return Box::pin(std::future::ready(Ok(answer)));
+        }
     };
     let key = StoreKey::new(scope, key);
     // DEBUG, as tower-http's `TraceLayer` spans are: at INFO a formatting subscriber builds
@@ -262,23 +277,19 @@ where
     // warnings and errors name their key themselves.
     let span =
         tracing::debug_span!("idempotency", key = %key.lazy_log_id(), method = %parts.method);
-    async {
+    let work = async move {
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
             Ok(body) => body,
             Err(rejection) => return Ok(render(&config, rejection)),
         };
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
-        let detach = config.detach;
-        let (slots, deadline) = (
-            config.detached.clone(),
-            arrived + config.max_handler_lifetime,
-        );
         #[cfg(not(feature = "sqlx"))]
         let _: Option<TxMode> = mode;
         #[cfg(feature = "sqlx")]
         if let Some(mode) = mode {
             let retry_after = engine.retry_after_delay();
-            let claim_and_run = Box::pin(async move {
+            // Boxed: the transactional states stay out of the separate mode's future.
+            let claim_and_run: BoxFuture<_> = Box::pin(async move {
                 let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
                     Ok(Some(HttpBegin::Run(owner))) => (owner, inner),
                     Ok(Some(HttpBegin::Replay(payload))) => return Ok(replay(&config, payload)),
@@ -309,43 +320,38 @@ where
                 transactional::execute(inner, owner, request, config, retry_after, Some(duplicate))
                     .await
             });
-            return run_detachable(claim_and_run, detach, slots, deadline).await;
+            return claim_and_run.await;
         }
-        // From the claim on, the work is detachable: a client hanging up while the claim is
-        // in flight must not leave a claim behind that nobody completes or releases.
-        let claim_and_run = Box::pin(async move {
-            let (claim, inner) = match engine.try_begin(&key, &fingerprint).await {
-                Ok(Some(Begin::Run(claim))) => (claim, inner),
-                Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, payload)),
-                Ok(None) => {
-                    // A duplicate may wait a long time: it must not hold what the inner
-                    // service reserved when it was made ready (a concurrency permit, a pool
-                    // slot). It keeps an unreadied clone, readied only if it takes over.
-                    let unreadied = inner.clone();
-                    drop(inner);
-                    // Boxed: a rare path, kept out of every request's future.
-                    match Box::pin(engine.wait_for(key, fingerprint)).await {
-                        Ok(Begin::Run(claim)) => match ready(unreadied).await {
-                            Ok(inner) => (claim, inner),
-                            Err(error) => {
-                                give_up(claim).await;
-                                return Err(error);
-                            }
-                        },
-                        Ok(Begin::Replay(payload)) => return Ok(replay(&config, payload)),
-                        Err(error) => return Ok(render(&config, rejection_for(error))),
-                    }
+        let (claim, inner) = match engine.try_begin(&key, &fingerprint).await {
+            Ok(Some(Begin::Run(claim))) => (claim, inner),
+            Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, payload)),
+            Ok(None) => {
+                // A duplicate may wait a long time: it must not hold what the inner
+                // service reserved when it was made ready (a concurrency permit, a pool
+                // slot). It keeps an unreadied clone, readied only if it takes over.
+                let unreadied = inner.clone();
+                drop(inner);
+                // Boxed: a rare path, kept out of every request's future.
+                match Box::pin(engine.wait_for(key, fingerprint)).await {
+                    Ok(Begin::Run(claim)) => match ready(unreadied).await {
+                        Ok(inner) => (claim, inner),
+                        Err(error) => {
+                            give_up(claim).await;
+                            return Err(error);
+                        }
+                    },
+                    Ok(Begin::Replay(payload)) => return Ok(replay(&config, payload)),
+                    Err(error) => return Ok(render(&config, rejection_for(error))),
                 }
-                Err(error) => return Ok(render(&config, rejection_for(error))),
-            };
-            let mut request = Request::from_parts(parts, ReqBody::from(body));
-            request.extensions_mut().insert(claim.status());
-            execute(inner, claim, request, config).await
-        });
-        run_detachable(claim_and_run, detach, slots, deadline).await
+            }
+            Err(error) => return Ok(render(&config, rejection_for(error))),
+        };
+        let mut request = Request::from_parts(parts, ReqBody::from(body));
+        request.extensions_mut().insert(claim.status());
+        execute(inner, claim, request, config).await
     }
-    .instrument(span)
-    .await
+    .instrument(span);
+    Box::pin(work)
 }
 
 /// Drives `service` to readiness.
@@ -355,27 +361,6 @@ where
 {
     std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
     Ok(service)
-}
-
-/// Drives the owner's work; with `detach`, a client hanging up moves the rest of it to a task
-/// of its own, where it finishes and records its outcome, within the detached-handler limits
-/// (`slots`, and `deadline` for its whole life).
-///
-/// `work` comes boxed: its state (the claim, the handler's future) is the largest part of a
-/// request's, and one allocation for it beats copying it through every enclosing future.
-async fn run_detachable<T: Send + 'static>(
-    work: BoxFuture<T>,
-    detach: bool,
-    slots: std::sync::Arc<tokio::sync::Semaphore>,
-    deadline: tokio::time::Instant,
-) -> T {
-    if detach {
-        // Entered by the caller's span while attached; carries it into a detached task.
-        let work = Box::pin(work.in_current_span());
-        DetachOnDrop::new(work, slots, deadline).await
-    } else {
-        work.await
-    }
 }
 
 /// Transactional mode, a request without a key: no claim, but the handler still gets a
@@ -396,18 +381,8 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let deadline = tokio::time::Instant::now() + config.max_handler_lifetime;
-    let (detach, slots) = (config.detach, config.detached.clone());
     let owner = mode.begin_unkeyed();
-    let work = Box::pin(transactional::execute(
-        inner,
-        owner,
-        request,
-        config,
-        retry_after,
-        None,
-    ));
-    run_detachable(work, detach, slots, deadline).await
+    transactional::execute(inner, owner, request, config, retry_after, None).await
 }
 
 /// Reads the request body for the fingerprint, refusing bodies over `limit` before they are
