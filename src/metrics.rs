@@ -136,16 +136,59 @@ pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
 }
 
 /// Times a store operation: records its latency, and an error when it failed.
+///
+/// A future of its own rather than an `async fn`, which would hold `call` twice (as its
+/// argument and as the awaited future) in the state of every store call.
 #[inline]
-pub(crate) async fn store_call<T, E>(
+pub(crate) fn store_call<T, E, F>(
     operation: &'static str,
-    call: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, E> {
+    call: F,
+) -> impl std::future::Future<Output = Result<T, E>>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
     #[cfg(feature = "metrics")]
     {
-        let started = std::time::Instant::now();
-        let result = call.await;
+        Timed {
+            operation,
+            started: None,
+            call,
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    {
+        let _ = operation;
+        call
+    }
+}
+
+#[cfg(feature = "metrics")]
+pin_project_lite::pin_project! {
+    /// A store call, timed from its first poll to its end.
+    struct Timed<F> {
+        operation: &'static str,
+        started: Option<std::time::Instant>,
+        #[pin]
+        call: F,
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl<T, E, F> std::future::Future for Timed<F>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let started = *this.started.get_or_insert_with(std::time::Instant::now);
+        let result = std::task::ready!(this.call.poll(cx));
         let seconds = started.elapsed().as_secs_f64();
+        let operation = *this.operation;
         match keys::operation(operation) {
             Some(key) => ::metrics::with_recorder(|recorder| {
                 recorder
@@ -157,12 +200,7 @@ pub(crate) async fn store_call<T, E>(
         if result.is_err() {
             ::metrics::counter!(STORE_ERRORS, "operation" => operation).increment(1);
         }
-        result
-    }
-    #[cfg(not(feature = "metrics"))]
-    {
-        let _ = operation;
-        call.await
+        std::task::Poll::Ready(result)
     }
 }
 

@@ -41,6 +41,7 @@ pub(crate) mod waiters;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use tokio::time::Instant;
 
 pub use builder::EngineBuilder;
@@ -179,14 +180,16 @@ impl Engine {
     }
 
     /// Runs one store call under the engine's time limit.
-    pub(crate) async fn bounded<T>(
+    ///
+    /// Not an `async fn`: that would hold `call` twice in its state (as its argument and as
+    /// the timeout's), and every store call of a request carries this future.
+    pub(crate) fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
+    ) -> impl Future<Output = Result<T, StoreError>> {
         let after = self.config.store_timeout;
         tokio::time::timeout(after, call)
-            .await
-            .unwrap_or(Err(StoreError::Timeout { after }))
+            .map(move |outcome| outcome.unwrap_or(Err(StoreError::Timeout { after })))
     }
 
     /// The delay suggested to callers told to come back later.
@@ -447,7 +450,8 @@ impl Engine {
                 }
                 Err(error) if attempt + 1 < self.config.complete_attempts => {
                     tracing::warn!(key = %key.log_id(), what, error = %error, attempt, "store write failed; retrying");
-                    tokio::time::sleep(claim::backoff(attempt)).await;
+                    // Boxed: a rare path, kept out of the state of every write.
+                    Box::pin(tokio::time::sleep(claim::backoff(attempt))).await;
                     attempt += 1;
                 }
                 Err(error) => {

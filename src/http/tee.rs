@@ -88,8 +88,11 @@ impl Recorder {
         };
         // A failed write is retried and logged by the engine; the caller still gets the real
         // response.
+        // Only the claim is moved in: the rest of the recorder is dropped now rather than
+        // carried in the boxed future.
+        let claim = self.claim;
         Box::pin(async move {
-            let _ = self.claim.complete(payload).await;
+            let _ = claim.complete(payload).await;
         })
     }
 
