@@ -48,8 +48,9 @@ const SWEEP_STEPS: usize = 2;
 /// # Memory budget
 ///
 /// The store charges each record its payload (the stored response) plus a fixed
-/// [`RECORD_OVERHEAD`](Self::RECORD_OVERHEAD) bytes (the 32-byte SHA-256 of its key, the
-/// fingerprint, the deadline, the token or payload handle, its index entry), and holds at most
+/// [`RECORD_OVERHEAD`](Self::RECORD_OVERHEAD) bytes (16 bytes of its key's SHA-256, a 128-bit
+/// identity; the fingerprint, the deadline, the token or payload handle, its index entry), and
+/// holds at most
 /// [`max_bytes`](MemoryStoreBuilder::max_bytes) of them (default 256 MiB).
 ///
 /// When the budget is used up, a claim on a new key is refused with [`StoreError::Full`]:

@@ -1,7 +1,7 @@
 //! One shard of the memory store: its records packed in a `Vec`, found through a hash table
 //! of indexes into it.
 //!
-//! A record is one fixed-size [`Slot`] (key digest, fingerprint, deadline, token or payload
+//! A record is one fixed-size [`Slot`] (key identity, fingerprint, deadline, token or payload
 //! handle); the table holds only a `u32` per record. Keeping the slots out of the table is
 //! what keeps the overhead small: a hash table runs up to half empty after it grows, and an
 //! empty `u32` costs far less than an empty slot.
@@ -14,6 +14,19 @@ use crate::record::{Fingerprint, Record, Token};
 /// The 32-byte digest a record is stored under ([`StoreKey::digest`](crate::StoreKey::digest)).
 pub(super) type Digest = [u8; 32];
 
+/// What a slot keeps of the digest: its first 16 bytes, a 128-bit identity.
+///
+/// Two keys are confused only if these bytes are equal (and the shard, chosen from another
+/// byte, too). By accident that takes about 2^64 stored keys (the birthday bound); on
+/// purpose a client would need a second preimage of someone else's key, since it chooses only
+/// its own keys, under its own scope: about 2^128 / (keys stored) SHA-256 evaluations. The
+/// other 16 bytes would cost 16 more bytes per record for no practical gain.
+type KeyId = [u8; 16];
+
+fn key_id(digest: &Digest) -> KeyId {
+    digest[..16].try_into().expect("16 bytes")
+}
+
 /// Milliseconds since the store's epoch (its own monotonic clock).
 pub(super) type Millis = u64;
 
@@ -22,7 +35,7 @@ pub(super) type Millis = u64;
 pub(super) const RECORD_BYTES: u64 = (std::mem::size_of::<Slot>() + 8) as u64;
 
 pub(super) struct Slot {
-    key: Digest,
+    key: KeyId,
     fingerprint: Fingerprint,
     /// The lease's end for a claim, the retention's end for a completed record.
     deadline: Millis,
@@ -43,7 +56,7 @@ impl Slot {
         deadline: Millis,
     ) -> Self {
         Self {
-            key,
+            key: key_id(&key),
             fingerprint,
             deadline,
             state: State::InProgress(token.to_bytes()),
@@ -126,17 +139,18 @@ impl Default for Shard {
 
 /// The in-shard hash: the digest is already uniform, so its first bytes serve as is. (The
 /// shard is chosen from other bytes, so the keys of one shard do not share hash bits.)
-fn hash(key: &Digest) -> u64 {
+fn hash(key: &KeyId) -> u64 {
     u64::from_le_bytes(key[..8].try_into().expect("8 bytes"))
 }
 
 impl Shard {
     /// The slot stored under `key`, live or not.
     pub(super) fn get_mut(&mut self, key: &Digest) -> Option<&mut Slot> {
+        let key = key_id(key);
         let slots = &mut self.slots;
         let &index = self
             .index
-            .find(hash(key), |&i| slots[i as usize].key == *key)?;
+            .find(hash(&key), |&i| slots[i as usize].key == key)?;
         Some(&mut slots[index as usize])
     }
 
@@ -163,10 +177,11 @@ impl Shard {
 
     /// Removes the record under `key`; returns its charge.
     pub(super) fn remove(&mut self, key: &Digest) -> Option<u64> {
+        let key = key_id(key);
         let slots = &self.slots;
         let entry = self
             .index
-            .find_entry(hash(key), |&i| slots[i as usize].key == *key)
+            .find_entry(hash(&key), |&i| slots[i as usize].key == key)
             .ok()?;
         let (index, _) = entry.remove();
         Some(self.remove_at(index as usize))
@@ -270,8 +285,8 @@ mod tests {
 
     #[test]
     fn a_slot_is_key_fingerprint_deadline_and_one_payload_handle() {
-        // 32 + 32 + 8 + 32 (`Bytes`; the token shares its space): no padding, no tag word.
-        assert_eq!(std::mem::size_of::<Slot>(), 104);
+        // 16 + 32 + 8 + 32 (`Bytes`; the token shares its space): no padding, no tag word.
+        assert_eq!(std::mem::size_of::<Slot>(), 88);
     }
 
     #[test]
