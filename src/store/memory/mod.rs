@@ -168,8 +168,7 @@ impl MemoryStore {
         let now = self.now();
         let mut shard = self.shard(&digest);
         let slot = shard
-            .get_mut(&digest)
-            .filter(|slot| slot.is_claimed_by(token, now))
+            .get_claimed(&digest, token, now)
             .ok_or(StoreError::StaleToken)?;
         let added = change(slot);
         let deadline = slot.deadline();
@@ -202,16 +201,17 @@ impl MemoryStore {
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let now = self.now();
         let deadline = deadline(now, lease, "lease")?;
-        let token = Token::random();
         let budget = &self.inner.budget;
         let mut shard = self.shard(&digest);
+        // Issued before knowing whether it is needed: a sequence number skipped costs nothing.
+        let (token, sequence) = shard.issue_token();
         if let Some(slot) = shard.get_mut(&digest) {
             if slot.is_live(now) {
                 return Ok(Some(ClaimOutcome::Existing(slot.record())));
             }
             // Taking over an expired record reuses its slot: it needs no new room.
             let freed = slot.charge();
-            *slot = Slot::claim(digest, *fingerprint, token, deadline);
+            *slot = Slot::claim(digest, *fingerprint, sequence, deadline);
             budget.give_back(freed - slot.charge());
             shard.note_deadline(deadline);
             return Ok(Some(ClaimOutcome::Claimed(token)));
@@ -221,7 +221,7 @@ impl MemoryStore {
         if shard.is_at_index_limit() || !budget.try_take(Self::RECORD_OVERHEAD) {
             return Ok(None);
         }
-        shard.insert(Slot::claim(digest, *fingerprint, token, deadline));
+        shard.insert(Slot::claim(digest, *fingerprint, sequence, deadline));
         Ok(Some(ClaimOutcome::Claimed(token)))
     }
 }
@@ -310,10 +310,7 @@ impl Store for MemoryStore {
         let digest = key.digest();
         let now = self.now();
         let mut shard = self.shard(&digest);
-        if !shard
-            .get_mut(&digest)
-            .is_some_and(|slot| slot.is_claimed_by(token, now))
-        {
+        if shard.get_claimed(&digest, token, now).is_none() {
             return Err(StoreError::StaleToken);
         }
         let freed = shard.remove(&digest).unwrap_or(0);

@@ -43,8 +43,10 @@ pub(super) struct Slot {
 }
 
 enum State {
-    /// Token bytes rather than [`Token`]: a `u128` would align the slot to 16 bytes and pad it.
-    InProgress([u8; 16]),
+    /// The claim's sequence number, all of its token that is not the shard's (see
+    /// [`Tokens`]). Eight bytes fit beside the payload's pointer, whose null value tells the
+    /// variants apart; the whole 16-byte token would need a tag word, 8 more bytes per slot.
+    InProgress(u64),
     /// The payload in an allocation of exactly its length. Not [`Bytes`]: that handle is 32
     /// bytes to this one's 16, in every slot, whereas only a replay pays for the difference:
     /// it copies the payload out (one allocation and a copy of a few hundred bytes, where a
@@ -54,17 +56,18 @@ enum State {
 }
 
 impl Slot {
+    /// A claim with the `sequence` number of its token ([`Shard::issue_token`]).
     pub(super) fn claim(
         key: Digest,
         fingerprint: Fingerprint,
-        token: Token,
+        sequence: u64,
         deadline: Millis,
     ) -> Self {
         Self {
             key: key_id(&key),
             fingerprint,
             deadline,
-            state: State::InProgress(token.to_bytes()),
+            state: State::InProgress(sequence),
         }
     }
 
@@ -72,9 +75,8 @@ impl Slot {
         self.deadline > now
     }
 
-    pub(super) fn is_claimed_by(&self, token: Token, now: Millis) -> bool {
-        self.is_live(now)
-            && matches!(self.state, State::InProgress(held) if held == token.to_bytes())
+    fn is_claimed_with(&self, sequence: u64, now: Millis) -> bool {
+        self.is_live(now) && matches!(self.state, State::InProgress(held) if held == sequence)
     }
 
     pub(super) fn record(&self) -> Record {
@@ -119,8 +121,47 @@ impl Slot {
     }
 }
 
+/// Issues the fencing tokens of one shard's claims: 8 random bytes drawn once for the shard,
+/// then the claim's sequence number, 8 big-endian bytes.
+///
+/// Sequence numbers never repeat within a shard (a counter of 2^64 claims), and a key
+/// always lives in the same shard, so a token taken over, released or completed never equals
+/// the key's current one: the fence is exact, not merely improbable to break. The random
+/// half rejects a token that another shard or another store issued (it would have to match
+/// both halves). Tokens need no secrecy: they never leave the process.
+struct Tokens {
+    salt: [u8; 8],
+    next: u64,
+}
+
+impl Tokens {
+    fn new() -> Self {
+        Self {
+            salt: rand::random(),
+            next: 0,
+        }
+    }
+
+    fn issue(&mut self) -> (Token, u64) {
+        let sequence = self.next;
+        self.next = self.next.wrapping_add(1);
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&self.salt);
+        bytes[8..].copy_from_slice(&sequence.to_be_bytes());
+        (Token::from_bytes(bytes), sequence)
+    }
+
+    /// The sequence number of `token` if this issuer made it.
+    fn sequence_of(&self, token: Token) -> Option<u64> {
+        let bytes = token.to_bytes();
+        let (salt, sequence) = bytes.split_at(8);
+        (salt == self.salt).then(|| u64::from_be_bytes(sequence.try_into().expect("8 bytes")))
+    }
+}
+
 /// The records of one shard. Every method runs under the shard's lock.
 pub(super) struct Shard {
+    tokens: Tokens,
     index: HashTable<u32>,
     slots: Vec<Slot>,
     /// Where the incremental sweep resumes.
@@ -134,6 +175,7 @@ pub(super) struct Shard {
 impl Default for Shard {
     fn default() -> Self {
         Self {
+            tokens: Tokens::new(),
             index: HashTable::new(),
             slots: Vec::new(),
             hand: 0,
@@ -157,6 +199,24 @@ impl Shard {
             .index
             .find(hash(&key), |&i| slots[i as usize].key == key)?;
         Some(&mut slots[index as usize])
+    }
+
+    /// The slot stored under `key` if it is a live claim held with `token`.
+    pub(super) fn get_claimed(
+        &mut self,
+        key: &Digest,
+        token: Token,
+        now: Millis,
+    ) -> Option<&mut Slot> {
+        let sequence = self.tokens.sequence_of(token)?;
+        self.get_mut(key)
+            .filter(|slot| slot.is_claimed_with(sequence, now))
+    }
+
+    /// A fresh token for a claim in this shard, and its sequence number for
+    /// [`Slot::claim`].
+    pub(super) fn issue_token(&mut self) -> (Token, u64) {
+        self.tokens.issue()
     }
 
     /// True when no record can be added (its index would not fit in a `u32`).
@@ -278,10 +338,11 @@ mod tests {
 
     fn fill(shard: &mut Shard, keys: std::ops::Range<u32>, deadline: impl Fn(u32) -> Millis) {
         for i in keys {
+            let (_, sequence) = shard.issue_token();
             let slot = Slot::claim(
                 digest(i),
                 Fingerprint::from_bytes([0; 32]),
-                Token::random(),
+                sequence,
                 deadline(i),
             );
             shard.insert(slot);
@@ -290,9 +351,44 @@ mod tests {
 
     #[test]
     fn a_slot_is_key_fingerprint_deadline_and_one_payload_handle() {
-        // 16 + 32 + 8 + 24: the state is the 16 token bytes or a `Box<[u8]>` (pointer and
-        // length), plus a tag word, since the token leaves no spare bits for it.
-        assert_eq!(std::mem::size_of::<Slot>(), 80);
+        // 16 + 32 + 8 + 16: the state is a `Box<[u8]>` (pointer and length) or the claim's
+        // sequence number in the length's place; a null pointer tags it. No padding.
+        assert_eq!(std::mem::size_of::<Slot>(), 72);
+    }
+
+    #[test]
+    fn only_the_current_token_of_a_key_holds_its_claim() {
+        let mut shard = Shard::default();
+        let key = digest(1);
+        let (old, sequence) = shard.issue_token();
+        shard.insert(Slot::claim(
+            key,
+            Fingerprint::from_bytes([0; 32]),
+            sequence,
+            10,
+        ));
+        assert!(shard.get_claimed(&key, old, 5).is_some());
+        assert!(
+            shard.get_claimed(&key, old, 10).is_none(),
+            "the lease is over"
+        );
+        // A takeover: the same slot, a new token.
+        let (new, sequence) = shard.issue_token();
+        *shard.get_mut(&key).unwrap() =
+            Slot::claim(key, Fingerprint::from_bytes([0; 32]), sequence, 20);
+        assert_ne!(old, new);
+        assert!(
+            shard.get_claimed(&key, old, 15).is_none(),
+            "a taken-over token"
+        );
+        assert!(shard.get_claimed(&key, new, 15).is_some());
+        // The same sequence number from another shard (another salt) does not hold it.
+        let mut other = Shard::default();
+        other.issue_token();
+        let (foreign, foreign_sequence) = other.issue_token();
+        assert_eq!(foreign_sequence, sequence);
+        assert!(shard.get_claimed(&key, foreign, 15).is_none());
+        assert!(shard.get_claimed(&key, Token::random(), 15).is_none());
     }
 
     #[test]
