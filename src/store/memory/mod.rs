@@ -303,7 +303,11 @@ impl Store for MemoryStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let deadline = deadline(self.now(), retention, "retention")?;
-        self.fenced(key, token, |slot| slot.complete(&payload, deadline))
+        // A copy, so the record holds exactly its payload (a slice of a larger buffer would
+        // keep all of that buffer alive, unseen by the budget), made before taking the shard's
+        // lock: other keys of the shard need not wait for an allocation and a copy.
+        let payload = Box::from(&payload[..]);
+        self.fenced(key, token, |slot| slot.complete(payload, deadline))
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {

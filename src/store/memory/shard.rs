@@ -112,10 +112,8 @@ impl Slot {
     }
 
     /// Turns the claim into a completed record; returns the bytes added to its charge.
-    pub(super) fn complete(&mut self, payload: &Bytes, deadline: Millis) -> u64 {
-        // A copy, so the record holds exactly its payload: a slice of a larger buffer would
-        // keep all of that buffer alive, unseen by the budget.
-        self.state = State::Completed(Box::from(&payload[..]));
+    pub(super) fn complete(&mut self, payload: Box<[u8]>, deadline: Millis) -> u64 {
+        self.state = State::Completed(payload);
         self.deadline = deadline;
         self.payload_len()
     }
