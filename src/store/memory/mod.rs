@@ -63,9 +63,12 @@ const SWEEP_STEPS: usize = 2;
 /// [`refused_claims`](MemoryStore::refused_claims) tell how close you are.
 ///
 /// The charge is the store's own accounting, not the allocator's. Measured with
-/// `examples/memory_per_record` (1,000,000 completed records of 190 bytes), the process
-/// grows by about 323 bytes per record: the payload plus 133 bytes of overhead, a little
-/// more than the charge because of allocator and hash-table slack.
+/// `examples/memory_per_record` (1,000,000 completed records of 195 bytes), the process
+/// grows by about 291 bytes per record: the payload plus 96 bytes of overhead, a little more
+/// than the charge because the allocator rounds the payload's allocation up and adds its
+/// header, and the hash table runs partly empty. Behind an HTTP server the allocator's
+/// fragmentation adds about 30 bytes more: the `payments` example grows by about 321 bytes
+/// per record over a million keys (`scripts/bench`, its 195-byte stored responses).
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
