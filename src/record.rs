@@ -166,9 +166,11 @@ impl fmt::Debug for Fingerprint {
 /// The fencing token of one claim.
 ///
 /// Every successful [`claim`](crate::store::Store::claim) — including one that takes over an
-/// expired lease — gets a fresh random token. `complete`, `release` and `renew` act only while
-/// the stored token still equals theirs, so an owner whose lease was taken over cannot
-/// overwrite the new owner's record.
+/// expired lease — gets a fresh token: 128 random bits in the database stores; in the memory
+/// store, random bits for its shard and a sequence number that never repeats there (it keeps
+/// only the latter per claim). `complete`, `release` and `renew` act only while the stored
+/// token still equals theirs, so an owner whose lease was taken over cannot overwrite the new
+/// owner's record.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Token(u128);
 

@@ -48,8 +48,9 @@ const SWEEP_STEPS: usize = 2;
 /// # Memory budget
 ///
 /// The store charges each record its payload (the stored response) plus a fixed
-/// [`RECORD_OVERHEAD`](Self::RECORD_OVERHEAD) bytes (the 32-byte SHA-256 of its key, the
-/// fingerprint, the deadline, the token or payload handle, its index entry), and holds at most
+/// [`RECORD_OVERHEAD`](Self::RECORD_OVERHEAD) bytes (16 bytes of its key's SHA-256, a 128-bit
+/// identity; the fingerprint, the deadline, the token or payload handle, its index entry), and
+/// holds at most
 /// [`max_bytes`](MemoryStoreBuilder::max_bytes) of them (default 256 MiB).
 ///
 /// When the budget is used up, a claim on a new key is refused with [`StoreError::Full`]:
@@ -62,9 +63,12 @@ const SWEEP_STEPS: usize = 2;
 /// [`refused_claims`](MemoryStore::refused_claims) tell how close you are.
 ///
 /// The charge is the store's own accounting, not the allocator's. Measured with
-/// `examples/memory_per_record` (1,000,000 completed records of 190 bytes), the process
-/// grows by about 323 bytes per record: the payload plus 133 bytes of overhead, a little
-/// more than the charge because of allocator and hash-table slack.
+/// `examples/memory_per_record` (1,000,000 completed records of 195 bytes), the process
+/// grows by about 291 bytes per record: the payload plus 96 bytes of overhead, a little more
+/// than the charge because the allocator rounds the payload's allocation up and adds its
+/// header, and the hash table runs partly empty. Behind an HTTP server the allocator's
+/// fragmentation adds about 30 bytes more: the `payments` example grows by about 321 bytes
+/// per record over a million keys (`scripts/bench`, its 195-byte stored responses).
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -167,8 +171,7 @@ impl MemoryStore {
         let now = self.now();
         let mut shard = self.shard(&digest);
         let slot = shard
-            .get_mut(&digest)
-            .filter(|slot| slot.is_claimed_by(token, now))
+            .get_claimed(&digest, token, now)
             .ok_or(StoreError::StaleToken)?;
         let added = change(slot);
         let deadline = slot.deadline();
@@ -201,16 +204,17 @@ impl MemoryStore {
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let now = self.now();
         let deadline = deadline(now, lease, "lease")?;
-        let token = Token::random();
         let budget = &self.inner.budget;
         let mut shard = self.shard(&digest);
+        // Issued before knowing whether it is needed: a sequence number skipped costs nothing.
+        let (token, sequence) = shard.issue_token();
         if let Some(slot) = shard.get_mut(&digest) {
             if slot.is_live(now) {
                 return Ok(Some(ClaimOutcome::Existing(slot.record())));
             }
             // Taking over an expired record reuses its slot: it needs no new room.
             let freed = slot.charge();
-            *slot = Slot::claim(digest, *fingerprint, token, deadline);
+            *slot = Slot::claim(digest, *fingerprint, sequence, deadline);
             budget.give_back(freed - slot.charge());
             shard.note_deadline(deadline);
             return Ok(Some(ClaimOutcome::Claimed(token)));
@@ -220,7 +224,7 @@ impl MemoryStore {
         if shard.is_at_index_limit() || !budget.try_take(Self::RECORD_OVERHEAD) {
             return Ok(None);
         }
-        shard.insert(Slot::claim(digest, *fingerprint, token, deadline));
+        shard.insert(Slot::claim(digest, *fingerprint, sequence, deadline));
         Ok(Some(ClaimOutcome::Claimed(token)))
     }
 }
@@ -302,17 +306,18 @@ impl Store for MemoryStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let deadline = deadline(self.now(), retention, "retention")?;
-        self.fenced(key, token, |slot| slot.complete(&payload, deadline))
+        // A copy, so the record holds exactly its payload (a slice of a larger buffer would
+        // keep all of that buffer alive, unseen by the budget), made before taking the shard's
+        // lock: other keys of the shard need not wait for an allocation and a copy.
+        let payload = Box::from(&payload[..]);
+        self.fenced(key, token, |slot| slot.complete(payload, deadline))
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
         let digest = key.digest();
         let now = self.now();
         let mut shard = self.shard(&digest);
-        if !shard
-            .get_mut(&digest)
-            .is_some_and(|slot| slot.is_claimed_by(token, now))
-        {
+        if shard.get_claimed(&digest, token, now).is_none() {
             return Err(StoreError::StaleToken);
         }
         let freed = shard.remove(&digest).unwrap_or(0);

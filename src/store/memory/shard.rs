@@ -1,7 +1,7 @@
 //! One shard of the memory store: its records packed in a `Vec`, found through a hash table
 //! of indexes into it.
 //!
-//! A record is one fixed-size [`Slot`] (key digest, fingerprint, deadline, token or payload
+//! A record is one fixed-size [`Slot`] (key identity, fingerprint, deadline, token or payload
 //! handle); the table holds only a `u32` per record. Keeping the slots out of the table is
 //! what keeps the overhead small: a hash table runs up to half empty after it grows, and an
 //! empty `u32` costs far less than an empty slot.
@@ -14,6 +14,19 @@ use crate::record::{Fingerprint, Record, Token};
 /// The 32-byte digest a record is stored under ([`StoreKey::digest`](crate::StoreKey::digest)).
 pub(super) type Digest = [u8; 32];
 
+/// What a slot keeps of the digest: its first 16 bytes, a 128-bit identity.
+///
+/// Two keys are confused only if these bytes are equal (and the shard, chosen from another
+/// byte, too). By accident that takes about 2^64 stored keys (the birthday bound); on
+/// purpose a client would need a second preimage of someone else's key, since it chooses only
+/// its own keys, under its own scope: about 2^128 / (keys stored) SHA-256 evaluations. The
+/// other 16 bytes would cost 16 more bytes per record for no practical gain.
+type KeyId = [u8; 16];
+
+fn key_id(digest: &Digest) -> KeyId {
+    digest[..16].try_into().expect("16 bytes")
+}
+
 /// Milliseconds since the store's epoch (its own monotonic clock).
 pub(super) type Millis = u64;
 
@@ -22,7 +35,7 @@ pub(super) type Millis = u64;
 pub(super) const RECORD_BYTES: u64 = (std::mem::size_of::<Slot>() + 8) as u64;
 
 pub(super) struct Slot {
-    key: Digest,
+    key: KeyId,
     fingerprint: Fingerprint,
     /// The lease's end for a claim, the retention's end for a completed record.
     deadline: Millis,
@@ -30,23 +43,31 @@ pub(super) struct Slot {
 }
 
 enum State {
-    /// Token bytes rather than [`Token`]: a `u128` would align the slot to 16 bytes and pad it.
-    InProgress([u8; 16]),
-    Completed(Bytes),
+    /// The claim's sequence number, all of its token that is not the shard's (see
+    /// [`Tokens`]). Eight bytes fit beside the payload's pointer, whose null value tells the
+    /// variants apart; the whole 16-byte token would need a tag word, 8 more bytes per slot.
+    InProgress(u64),
+    /// The payload in an allocation of exactly its length. Not [`Bytes`]: that handle is 32
+    /// bytes to this one's 16, in every slot, whereas only a replay pays for the difference:
+    /// it copies the payload out (one allocation and a copy of a few hundred bytes, where a
+    /// shared `Bytes` took an atomic increment after allocating its shared header on the
+    /// first clone).
+    Completed(Box<[u8]>),
 }
 
 impl Slot {
+    /// A claim with the `sequence` number of its token ([`Shard::issue_token`]).
     pub(super) fn claim(
         key: Digest,
         fingerprint: Fingerprint,
-        token: Token,
+        sequence: u64,
         deadline: Millis,
     ) -> Self {
         Self {
-            key,
+            key: key_id(&key),
             fingerprint,
             deadline,
-            state: State::InProgress(token.to_bytes()),
+            state: State::InProgress(sequence),
         }
     }
 
@@ -54,9 +75,8 @@ impl Slot {
         self.deadline > now
     }
 
-    pub(super) fn is_claimed_by(&self, token: Token, now: Millis) -> bool {
-        self.is_live(now)
-            && matches!(self.state, State::InProgress(held) if held == token.to_bytes())
+    fn is_claimed_with(&self, sequence: u64, now: Millis) -> bool {
+        self.is_live(now) && matches!(self.state, State::InProgress(held) if held == sequence)
     }
 
     pub(super) fn record(&self) -> Record {
@@ -66,7 +86,7 @@ impl Slot {
             },
             State::Completed(payload) => Record::Completed {
                 fingerprint: self.fingerprint,
-                payload: payload.clone(),
+                payload: Bytes::copy_from_slice(payload),
             },
         }
     }
@@ -92,17 +112,54 @@ impl Slot {
     }
 
     /// Turns the claim into a completed record; returns the bytes added to its charge.
-    pub(super) fn complete(&mut self, payload: &Bytes, deadline: Millis) -> u64 {
-        // A copy, so the record holds exactly its payload: a slice of a larger buffer would
-        // keep all of that buffer alive, unseen by the budget.
-        self.state = State::Completed(Bytes::copy_from_slice(payload));
+    pub(super) fn complete(&mut self, payload: Box<[u8]>, deadline: Millis) -> u64 {
+        self.state = State::Completed(payload);
         self.deadline = deadline;
         self.payload_len()
     }
 }
 
+/// Issues the fencing tokens of one shard's claims: 8 random bytes drawn once for the shard,
+/// then the claim's sequence number, 8 big-endian bytes.
+///
+/// Sequence numbers never repeat within a shard (a counter of 2^64 claims), and a key
+/// always lives in the same shard, so a token taken over, released or completed never equals
+/// the key's current one: the fence is exact, not merely improbable to break. The random
+/// half rejects a token that another shard or another store issued (it would have to match
+/// both halves). Tokens need no secrecy: they never leave the process.
+struct Tokens {
+    salt: [u8; 8],
+    next: u64,
+}
+
+impl Tokens {
+    fn new() -> Self {
+        Self {
+            salt: rand::random(),
+            next: 0,
+        }
+    }
+
+    fn issue(&mut self) -> (Token, u64) {
+        let sequence = self.next;
+        self.next = self.next.wrapping_add(1);
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&self.salt);
+        bytes[8..].copy_from_slice(&sequence.to_be_bytes());
+        (Token::from_bytes(bytes), sequence)
+    }
+
+    /// The sequence number of `token` if this issuer made it.
+    fn sequence_of(&self, token: Token) -> Option<u64> {
+        let bytes = token.to_bytes();
+        let (salt, sequence) = bytes.split_at(8);
+        (salt == self.salt).then(|| u64::from_be_bytes(sequence.try_into().expect("8 bytes")))
+    }
+}
+
 /// The records of one shard. Every method runs under the shard's lock.
 pub(super) struct Shard {
+    tokens: Tokens,
     index: HashTable<u32>,
     slots: Vec<Slot>,
     /// Where the incremental sweep resumes.
@@ -116,6 +173,7 @@ pub(super) struct Shard {
 impl Default for Shard {
     fn default() -> Self {
         Self {
+            tokens: Tokens::new(),
             index: HashTable::new(),
             slots: Vec::new(),
             hand: 0,
@@ -126,18 +184,37 @@ impl Default for Shard {
 
 /// The in-shard hash: the digest is already uniform, so its first bytes serve as is. (The
 /// shard is chosen from other bytes, so the keys of one shard do not share hash bits.)
-fn hash(key: &Digest) -> u64 {
+fn hash(key: &KeyId) -> u64 {
     u64::from_le_bytes(key[..8].try_into().expect("8 bytes"))
 }
 
 impl Shard {
     /// The slot stored under `key`, live or not.
     pub(super) fn get_mut(&mut self, key: &Digest) -> Option<&mut Slot> {
+        let key = key_id(key);
         let slots = &mut self.slots;
         let &index = self
             .index
-            .find(hash(key), |&i| slots[i as usize].key == *key)?;
+            .find(hash(&key), |&i| slots[i as usize].key == key)?;
         Some(&mut slots[index as usize])
+    }
+
+    /// The slot stored under `key` if it is a live claim held with `token`.
+    pub(super) fn get_claimed(
+        &mut self,
+        key: &Digest,
+        token: Token,
+        now: Millis,
+    ) -> Option<&mut Slot> {
+        let sequence = self.tokens.sequence_of(token)?;
+        self.get_mut(key)
+            .filter(|slot| slot.is_claimed_with(sequence, now))
+    }
+
+    /// A fresh token for a claim in this shard, and its sequence number for
+    /// [`Slot::claim`].
+    pub(super) fn issue_token(&mut self) -> (Token, u64) {
+        self.tokens.issue()
     }
 
     /// True when no record can be added (its index would not fit in a `u32`).
@@ -163,10 +240,11 @@ impl Shard {
 
     /// Removes the record under `key`; returns its charge.
     pub(super) fn remove(&mut self, key: &Digest) -> Option<u64> {
+        let key = key_id(key);
         let slots = &self.slots;
         let entry = self
             .index
-            .find_entry(hash(key), |&i| slots[i as usize].key == *key)
+            .find_entry(hash(&key), |&i| slots[i as usize].key == key)
             .ok()?;
         let (index, _) = entry.remove();
         Some(self.remove_at(index as usize))
@@ -258,10 +336,11 @@ mod tests {
 
     fn fill(shard: &mut Shard, keys: std::ops::Range<u32>, deadline: impl Fn(u32) -> Millis) {
         for i in keys {
+            let (_, sequence) = shard.issue_token();
             let slot = Slot::claim(
                 digest(i),
                 Fingerprint::from_bytes([0; 32]),
-                Token::random(),
+                sequence,
                 deadline(i),
             );
             shard.insert(slot);
@@ -270,8 +349,44 @@ mod tests {
 
     #[test]
     fn a_slot_is_key_fingerprint_deadline_and_one_payload_handle() {
-        // 32 + 32 + 8 + 32 (`Bytes`; the token shares its space): no padding, no tag word.
-        assert_eq!(std::mem::size_of::<Slot>(), 104);
+        // 16 + 32 + 8 + 16: the state is a `Box<[u8]>` (pointer and length) or the claim's
+        // sequence number in the length's place; a null pointer tags it. No padding.
+        assert_eq!(std::mem::size_of::<Slot>(), 72);
+    }
+
+    #[test]
+    fn only_the_current_token_of_a_key_holds_its_claim() {
+        let mut shard = Shard::default();
+        let key = digest(1);
+        let (old, sequence) = shard.issue_token();
+        shard.insert(Slot::claim(
+            key,
+            Fingerprint::from_bytes([0; 32]),
+            sequence,
+            10,
+        ));
+        assert!(shard.get_claimed(&key, old, 5).is_some());
+        assert!(
+            shard.get_claimed(&key, old, 10).is_none(),
+            "the lease is over"
+        );
+        // A takeover: the same slot, a new token.
+        let (new, sequence) = shard.issue_token();
+        *shard.get_mut(&key).unwrap() =
+            Slot::claim(key, Fingerprint::from_bytes([0; 32]), sequence, 20);
+        assert_ne!(old, new);
+        assert!(
+            shard.get_claimed(&key, old, 15).is_none(),
+            "a taken-over token"
+        );
+        assert!(shard.get_claimed(&key, new, 15).is_some());
+        // The same sequence number from another shard (another salt) does not hold it.
+        let mut other = Shard::default();
+        other.issue_token();
+        let (foreign, foreign_sequence) = other.issue_token();
+        assert_eq!(foreign_sequence, sequence);
+        assert!(shard.get_claimed(&key, foreign, 15).is_none());
+        assert!(shard.get_claimed(&key, Token::random(), 15).is_none());
     }
 
     #[test]
