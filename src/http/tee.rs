@@ -7,8 +7,11 @@
 //! claim stays held (and renewed) while the body streams, and is settled when it ends:
 //!
 //! - end of body: the copy and the trailers are recorded before the caller sees the end, so
-//!   a retry sent after the response always finds it; over the limit, the "not stored" marker
-//!   is recorded instead (duplicates get 409 `response-not-stored`, as for any large body);
+//!   a retry sent after the response finds it. The one exception is the last data frame of a
+//!   body that knows its end, when the store cannot answer at once: that frame is sent while
+//!   the record is written (see `poll_frame`), and a retry arriving in between waits for it.
+//!   Over the limit, the "not stored" marker is recorded instead (duplicates get 409
+//!   `response-not-stored`, as for any large body);
 //! - a body error: the key is released (the response was never whole), and the caller sees
 //!   the broken body;
 //! - dropped before its end (the client left): the rest is read in the background, bounded by
@@ -108,8 +111,8 @@ impl Recorder {
 pub(crate) struct Tee {
     inner: ResponseBody,
     recorder: Option<Recorder>,
-    /// The outcome being recorded, and the frame (the trailers, or the last data frame of a
-    /// body that knew its end) to hand on once it is; `None` frame: the end of the body.
+    /// The outcome being recorded, and the frame (trailers) to hand on once it is; `None`
+    /// frame: the end of the body.
     settling: Option<(BoxFuture, Option<Frame<Bytes>>)>,
     done: bool,
 }
@@ -156,10 +159,21 @@ impl Body for Tee {
                         }
                         // The last frame of a body that knows its end (a `Full` body, a known
                         // length): hyper drops such a body after writing it without asking for
-                        // more, so record now, then hand the frame on as the end.
+                        // more. Record now: a store that answers at once (the memory store) has
+                        // the outcome before the frame goes out. One that must wait (a round
+                        // trip) gets the frame sent first: held back, hyper would flush the head
+                        // alone and the body later, which Nagle's algorithm and delayed ACKs
+                        // stall for 40 ms. Its record is then finished beside the response (in
+                        // a task, if hyper drops the body), and a retry arriving before that
+                        // waits for it.
                         let recorder = this.recorder.take().expect("checked above");
-                        this.settling = Some((recorder.finish(None), Some(frame)));
-                        continue;
+                        let mut settle = recorder.finish(None);
+                        if settle.as_mut().poll(cx).is_ready() {
+                            this.done = true;
+                        } else {
+                            this.settling = Some((settle, None));
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
                     }
                     let Some(recorder) = this.recorder.take() else {
                         return Poll::Ready(Some(Ok(frame)));
