@@ -134,11 +134,11 @@ impl Fingerprint {
     /// assert_ne!(a, b);
     /// ```
     pub fn of<'a>(fields: impl IntoIterator<Item = &'a [u8]>) -> Self {
-        let mut hasher = Sha256::new();
+        let mut hasher = FieldHasher::default();
         for field in fields {
-            hash_field(&mut hasher, field);
+            hasher.field(field);
         }
-        Self(hasher.finalize().into())
+        hasher.finish()
     }
 
     /// The raw 32 bytes.
@@ -244,6 +244,24 @@ pub enum ClaimOutcome {
     Claimed(Token),
     /// Someone else's live record is there; the caller must not run the operation.
     Existing(Record),
+}
+
+/// [`Fingerprint::of`] one field at a time, for callers whose fields are not at hand as one
+/// sequence (the HTTP fingerprint would otherwise collect them into a list per request).
+#[derive(Default)]
+pub(crate) struct FieldHasher(Sha256);
+
+impl FieldHasher {
+    /// Adds one field, length-prefixed.
+    pub(crate) fn field(&mut self, field: &[u8]) -> &mut Self {
+        hash_field(&mut self.0, field);
+        self
+    }
+
+    /// The fingerprint of the fields added so far.
+    pub(crate) fn finish(self) -> Fingerprint {
+        Fingerprint(self.0.finalize().into())
+    }
 }
 
 fn hash_field(hasher: &mut Sha256, field: &[u8]) {

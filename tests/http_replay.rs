@@ -102,6 +102,50 @@ async fn same_key_different_request_is_422_and_nothing_runs() {
     assert_eq!(runs.count(), 1);
 }
 
+/// A request body in `chunks` frames, as a client streaming its upload sends it.
+fn chunked(key: &str, chunks: &[&'static str]) -> Request<Body> {
+    let frames = chunks.iter().map(|chunk| {
+        Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(chunk.as_bytes()))
+    });
+    Request::post("/pay")
+        .header("authorization", "Bearer alice")
+        .header("idempotency-key", key)
+        .body(Body::from_stream(futures_util::stream::iter(
+            frames.collect::<Vec<_>>(),
+        )))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_same_bytes_in_other_frames_are_the_same_request() {
+    let runs = Runs::default();
+    let app = app(IdempotencyLayer::new(MemoryStore::new()), runs.clone());
+    let first = send(&app, chunked("k", &[r#"{"amount":5}"#])).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // The handler saw the whole body, however it arrived (it echoes the length).
+    assert_eq!(first.body, r#"{"run":1,"echo":12}"#);
+    for frames in [
+        &[r#"{"amo"#, r#"unt":5}"#][..],
+        &[r#"{"#, r#""amount""#, r#":5"#, r#"}"#][..],
+        &[r#"{"amount":5}"#, ""][..],
+    ] {
+        let again = send(&app, chunked("k", frames)).await;
+        // A replay: the first run's answer (`run` 1), not a second run.
+        assert_eq!(
+            (again.status, &again.body),
+            (first.status, &first.body),
+            "{frames:?}"
+        );
+    }
+    // Other bytes in the same frames are another request.
+    let other = send(&app, chunked("k", &[r#"{"amo"#, r#"unt":6}"#])).await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    // A body gathered from frames reaches the handler whole.
+    let fresh = send(&app, chunked("k2", &[r#"{"amo"#, r#"unt":"#, "77}"])).await;
+    assert_eq!(fresh.body, r#"{"run":2,"echo":13}"#);
+    assert_eq!(runs.count(), 2);
+}
+
 #[tokio::test]
 async fn fingerprinted_header_counts() {
     let runs = Runs::default();

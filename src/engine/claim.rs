@@ -93,7 +93,7 @@ impl Claim {
         let engine = &self.engine;
         let mut result = engine
             .with_retries("complete", &self.key, || {
-                engine.store.complete(
+                engine.backend().complete(
                     &self.key,
                     self.token,
                     payload.clone(),
@@ -114,7 +114,7 @@ impl Claim {
     async fn recorded(&self, payload: &Bytes) -> bool {
         match self
             .engine
-            .bounded(self.engine.store.lookup(&self.key))
+            .bounded(self.engine.backend().lookup(&self.key))
             .await
         {
             Ok(Some(Record::Completed {
@@ -146,7 +146,7 @@ impl Claim {
 
 async fn release(engine: &Engine, key: &StoreKey, token: Token) -> Result<(), StoreError> {
     let result = engine
-        .with_retries("release", key, || engine.store.release(key, token))
+        .with_retries("release", key, || engine.backend().release(key, token))
         .await;
     engine.waiters.wake(key);
     result

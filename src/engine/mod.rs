@@ -224,6 +224,13 @@ impl Engine {
         &self.store
     }
 
+    /// The store itself, for calling it. `self.store.claim(..)` would resolve to the blanket
+    /// `impl Store for Arc<S>`, whose future boxes the store's own boxed future once more:
+    /// an allocation and an indirect poll on every store call.
+    pub(crate) fn backend(&self) -> &dyn Store {
+        &*self.store
+    }
+
     /// Claims `key` for a request with `fingerprint` in one atomic store operation, or finds
     /// out what happened to it: the stored outcome to replay, or an error saying why nothing
     /// may run.
@@ -300,7 +307,7 @@ impl Engine {
         fingerprint: &Fingerprint,
     ) -> Result<Option<Begin>, EngineError> {
         let claimed_at = Instant::now();
-        let claim = self.bounded(self.store.claim(key, fingerprint, self.config.lease));
+        let claim = self.bounded(self.backend().claim(key, fingerprint, self.config.lease));
         let outcome = crate::metrics::store_call("claim", claim)
             .await
             .map_err(|source| self.unavailable(key, source))?;
@@ -402,7 +409,7 @@ impl Engine {
         let (engine, key) = (&self, &key);
         watch
             .poll(self.poll(), move || async move {
-                let lookup = engine.bounded(engine.store.lookup(key));
+                let lookup = engine.bounded(engine.backend().lookup(key));
                 match crate::metrics::store_call("lookup", lookup).await {
                     Ok(Some(record)) => Seen::Record(record),
                     Ok(None) => Seen::Absent,

@@ -183,7 +183,7 @@ async fn renew(
         tokio::time::sleep_until(next).await;
         let attempt = Instant::now();
         match engine
-            .bounded(engine.store.renew(&key, token, config.lease))
+            .bounded(engine.backend().renew(&key, token, config.lease))
             .await
         {
             Ok(()) => {

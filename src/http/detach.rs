@@ -24,10 +24,13 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 /// it is bounded here: a detached piece of work holds one of the `slots` permits, and is
 /// dropped at `deadline`. Work that finds no free slot, or reaches its deadline, is dropped —
 /// which drops its claim, which releases the key.
-pub(crate) struct DetachOnDrop<T: Send + 'static> {
+pub(crate) struct DetachOnDrop<T> {
     work: Option<BoxFuture<T>>,
     slots: Arc<Semaphore>,
     deadline: Instant,
+    /// [`detach`] for this `T`, chosen where `T: Send + 'static` is known, so that the type
+    /// itself needs no bounds and the HTTP layer's public response future can hold it inline.
+    detach: fn(BoxFuture<T>, &Arc<Semaphore>, Instant),
 }
 
 impl<T: Send + 'static> DetachOnDrop<T> {
@@ -36,11 +39,12 @@ impl<T: Send + 'static> DetachOnDrop<T> {
             work: Some(work),
             slots,
             deadline,
+            detach: detach::<T>,
         }
     }
 }
 
-impl<T: Send + 'static> Future for DetachOnDrop<T> {
+impl<T> Future for DetachOnDrop<T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
@@ -54,30 +58,35 @@ impl<T: Send + 'static> Future for DetachOnDrop<T> {
     }
 }
 
-impl<T: Send + 'static> Drop for DetachOnDrop<T> {
+impl<T> Drop for DetachOnDrop<T> {
     fn drop(&mut self) {
-        let Some(work) = self.work.take() else {
-            return;
-        };
-        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-            tracing::warn!("caller went away and the detached-handler limit is reached; dropping the handler and releasing its key");
-            return;
-        };
-        let deadline = self.deadline;
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                tracing::debug!("caller went away; the handler finishes in the background");
-                runtime.spawn(async move {
-                    if tokio::time::timeout_at(deadline, work).await.is_err() {
-                        tracing::warn!("detached handler reached its maximum lifetime; dropped, its key released");
-                    }
-                    drop(slot);
-                });
-            }
-            // No runtime to finish it on: dropping it drops its claim, which releases the key
-            // (or, failing that, leaves it to the lease).
-            Err(_) => drop(work),
+        if let Some(work) = self.work.take() {
+            (self.detach)(work, &self.slots, self.deadline);
         }
+    }
+}
+
+/// Hands unfinished `work` to a task of its own, within a free slot and until `deadline`.
+fn detach<T: Send + 'static>(work: BoxFuture<T>, slots: &Arc<Semaphore>, deadline: Instant) {
+    let Ok(slot) = slots.clone().try_acquire_owned() else {
+        tracing::warn!("caller went away and the detached-handler limit is reached; dropping the handler and releasing its key");
+        return;
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            tracing::debug!("caller went away; the handler finishes in the background");
+            runtime.spawn(async move {
+                if tokio::time::timeout_at(deadline, work).await.is_err() {
+                    tracing::warn!(
+                        "detached handler reached its maximum lifetime; dropped, its key released"
+                    );
+                }
+                drop(slot);
+            });
+        }
+        // No runtime to finish it on: dropping it drops its claim, which releases the key
+        // (or, failing that, leaves it to the lease).
+        Err(_) => drop(work),
     }
 }
 

@@ -2,29 +2,28 @@
 
 use http::{request::Parts, HeaderName};
 
-use crate::record::Fingerprint;
+use crate::record::{FieldHasher, Fingerprint};
 
 /// Hashes method, path, query, the chosen headers (all their values, in order) and the body
 /// bytes exactly as sent: JSON that differs only in whitespace is a different request.
 pub(crate) fn fingerprint(parts: &Parts, headers: &[HeaderName], body: &[u8]) -> Fingerprint {
     let uri = &parts.uri;
-    let mut fields: Vec<&[u8]> = vec![
-        parts.method.as_str().as_bytes(),
-        uri.path().as_bytes(),
+    let mut hasher = FieldHasher::default();
+    hasher
+        .field(parts.method.as_str().as_bytes())
+        .field(uri.path().as_bytes())
         // `None` and `Some("")` are both "no query".
-        uri.query().unwrap_or("").as_bytes(),
-    ];
-    let mut counts = Vec::with_capacity(headers.len());
+        .field(uri.query().unwrap_or("").as_bytes());
     for name in headers {
-        counts.push(parts.headers.get_all(name).iter().count().to_be_bytes());
+        let values = parts.headers.get_all(name);
+        let count = values.iter().count().to_be_bytes();
+        hasher.field(name.as_str().as_bytes()).field(&count);
+        for value in values {
+            hasher.field(value.as_bytes());
+        }
     }
-    for (name, count) in headers.iter().zip(&counts) {
-        fields.push(name.as_str().as_bytes());
-        fields.push(count);
-        fields.extend(parts.headers.get_all(name).iter().map(|v| v.as_bytes()));
-    }
-    fields.push(body);
-    Fingerprint::of(fields)
+    hasher.field(body);
+    hasher.finish()
 }
 
 #[cfg(test)]
@@ -40,6 +39,34 @@ mod tests {
         }
         let (parts, ()) = builder.body(()).unwrap().into_parts();
         fingerprint(&parts, &[header::CONTENT_TYPE], body)
+    }
+
+    /// Fingerprints are stored (in databases, across deploys): the fields and their order
+    /// are a format, and a request fingerprinted by an earlier build must match.
+    #[test]
+    fn the_fields_and_their_order_are_fixed() {
+        let (parts, ()) = Request::post("/pay?a=1")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "a")
+            .header(header::ACCEPT, "b")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let got = fingerprint(&parts, &[header::CONTENT_TYPE, header::ACCEPT], b"{}");
+        let expected = Fingerprint::of([
+            b"POST".as_slice(),
+            b"/pay",
+            b"a=1",
+            b"content-type",
+            &1usize.to_be_bytes(),
+            b"application/json",
+            b"accept",
+            &2usize.to_be_bytes(),
+            b"a",
+            b"b",
+            b"{}",
+        ]);
+        assert_eq!(got, expected);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod layer;
 mod policy;
 mod rejection;
 mod replay;
+mod request_body;
 mod scope;
 mod service;
 mod tee;
