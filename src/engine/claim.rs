@@ -97,7 +97,7 @@ impl Claim {
                     &self.key,
                     self.token,
                     payload.clone(),
-                    engine.config.retention,
+                    engine.shared.config.retention,
                 )
             })
             .await;
@@ -106,7 +106,7 @@ impl Claim {
             tracing::info!(key = %self.key.log_id(), "the outcome was recorded although the store's answer was lost");
             result = Ok(());
         }
-        engine.waiters.wake(&self.key);
+        engine.shared.waiters.wake(&self.key);
         result
     }
 
@@ -148,7 +148,7 @@ async fn release(engine: &Engine, key: &StoreKey, token: Token) -> Result<(), St
     let result = engine
         .with_retries("release", key, || engine.backend().release(key, token))
         .await;
-    engine.waiters.wake(key);
+    engine.shared.waiters.wake(key);
     result
 }
 

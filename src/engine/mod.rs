@@ -29,6 +29,7 @@
 //! # }
 //! ```
 
+mod bounded;
 mod builder;
 mod claim;
 mod config;
@@ -41,7 +42,6 @@ pub(crate) mod waiters;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use tokio::time::Instant;
 
 pub use builder::EngineBuilder;
@@ -78,8 +78,15 @@ impl std::error::Error for SharedError {
 /// configuration and the in-process waiters.
 #[derive(Clone)]
 pub struct Engine {
+    /// One allocation for all of it: a request clones the engine, and one reference count is
+    /// cheaper to move than five.
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// What the clones of an engine share.
+pub(crate) struct Shared {
     store: Arc<dyn Store>,
-    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) config: EngineConfig,
     pub(crate) waiters: Arc<waiters::Waiters>,
     pub(crate) in_flight: Arc<in_flight::InFlight>,
     pub(crate) renewals: Arc<renewal::Renewals>,
@@ -149,11 +156,13 @@ impl Engine {
 
     pub(crate) fn with_config(store: Arc<dyn Store>, config: EngineConfig) -> Self {
         let engine = Self {
-            store,
-            config: Arc::new(config),
-            waiters: Arc::default(),
-            in_flight: Arc::default(),
-            renewals: Arc::default(),
+            shared: Arc::new(Shared {
+                store,
+                config,
+                waiters: Arc::default(),
+                in_flight: Arc::default(),
+                renewals: Arc::default(),
+            }),
         };
         // Listen for completions from the start when we can, so that the first waiters do
         // not miss the notification they wait for; otherwise the first waiter starts it.
@@ -165,43 +174,40 @@ impl Engine {
 
     /// Follows the store's completion notifications, if it has any (once per engine).
     pub(crate) fn follow_completions(&self) {
-        self.waiters.follow(|| self.store.completions());
+        self.shared
+            .waiters
+            .follow(|| self.shared.store.completions());
     }
 
     /// The polling backoff of a key's watch.
     pub(crate) fn poll(&self) -> (Duration, Duration) {
-        self.config.poll(self.waiters.notified())
+        self.shared.config.poll(self.shared.waiters.notified())
     }
 
     /// How many keys requests of this process are waiting on right now (each with one shared
     /// watch on the store). Zero when nothing waits: an entry outliving its waiters is a leak.
     pub fn waiting_keys(&self) -> usize {
-        self.waiters.keys()
+        self.shared.waiters.keys()
     }
 
     /// Runs one store call under the engine's time limit.
-    ///
-    /// Not an `async fn`: that would hold `call` twice in its state (as its argument and as
-    /// the timeout's), and every store call of a request carries this future.
     pub(crate) fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> impl Future<Output = Result<T, StoreError>> {
-        let after = self.config.store_timeout;
-        tokio::time::timeout(after, call)
-            .map(move |outcome| outcome.unwrap_or(Err(StoreError::Timeout { after })))
+        bounded::Bounded::new(call, self.shared.config.store_timeout)
     }
 
     /// The delay suggested to callers told to come back later.
     #[cfg(feature = "sqlx")]
     pub(crate) fn retry_after_delay(&self) -> Duration {
-        self.config.retry_after
+        self.shared.config.retry_after
     }
 
     /// How many claims this engine (and its clones) holds right now: operations running, or
     /// finishing their store write.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.count()
+        self.shared.in_flight.count()
     }
 
     /// Resolves once no claim is in flight: every running operation has completed or released
@@ -216,19 +222,19 @@ impl Engine {
     /// # }
     /// ```
     pub async fn drained(&self) {
-        self.in_flight.idle().await
+        self.shared.in_flight.idle().await
     }
 
     /// The store this engine uses.
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
+        &self.shared.store
     }
 
     /// The store itself, for calling it. `self.store.claim(..)` would resolve to the blanket
     /// `impl Store for Arc<S>`, whose future boxes the store's own boxed future once more:
     /// an allocation and an indirect poll on every store call.
     pub(crate) fn backend(&self) -> &dyn Store {
-        &*self.store
+        &*self.shared.store
     }
 
     /// Claims `key` for a request with `fingerprint` in one atomic store operation, or finds
@@ -262,7 +268,7 @@ impl Engine {
         key: StoreKey,
         fingerprint: Fingerprint,
     ) -> Result<Begin, EngineError> {
-        match self.config.in_progress {
+        match self.shared.config.in_progress {
             InProgressPolicy::Reject => {
                 tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
                 Err(self.still_running())
@@ -307,7 +313,10 @@ impl Engine {
         fingerprint: &Fingerprint,
     ) -> Result<Option<Begin>, EngineError> {
         let claimed_at = Instant::now();
-        let claim = self.bounded(self.backend().claim(key, fingerprint, self.config.lease));
+        let claim = self.bounded(
+            self.backend()
+                .claim(key, fingerprint, self.shared.config.lease),
+        );
         let outcome = crate::metrics::store_call("claim", claim)
             .await
             .map_err(|source| self.unavailable(key, source))?;
@@ -315,7 +324,7 @@ impl Engine {
             ClaimOutcome::Claimed(token) => {
                 tracing::debug!(key = %key.log_id(), "claimed");
                 crate::metrics::request(crate::metrics::EXECUTED);
-                let in_flight = self.in_flight.enter();
+                let in_flight = self.shared.in_flight.enter();
                 let claim = Claim::new(
                     self.clone(),
                     key.clone(),
@@ -367,8 +376,9 @@ impl Engine {
         let deadline = Instant::now() + timeout;
         self.follow_completions();
         let Some(mut subscription) =
-            self.waiters
-                .subscribe(&key, self.config.max_waiters_per_key, |watch| {
+            self.shared
+                .waiters
+                .subscribe(&key, self.shared.config.max_waiters_per_key, |watch| {
                     tokio::spawn(self.clone().watch(key.clone(), watch))
                 })
         else {
@@ -422,7 +432,7 @@ impl Engine {
     pub(crate) fn still_running(&self) -> EngineError {
         crate::metrics::request(crate::metrics::IN_PROGRESS);
         EngineError::InProgress {
-            retry_after: self.config.retry_after,
+            retry_after: self.shared.config.retry_after,
         }
     }
 
@@ -430,7 +440,7 @@ impl Engine {
         tracing::warn!(key = %key.log_id(), error = %source, "idempotency store unavailable");
         crate::metrics::request(crate::metrics::STORE_UNAVAILABLE);
         EngineError::Store {
-            retry_after: self.config.retry_after,
+            retry_after: self.shared.config.retry_after,
             source,
         }
     }
@@ -455,7 +465,7 @@ impl Engine {
                     tracing::error!(key = %key.log_id(), what, "fenced write refused: the lease ran out and the key was taken over");
                     return Err(StoreError::StaleToken);
                 }
-                Err(error) if attempt + 1 < self.config.complete_attempts => {
+                Err(error) if attempt + 1 < self.shared.config.complete_attempts => {
                     tracing::warn!(key = %key.log_id(), what, error = %error, attempt, "store write failed; retrying");
                     // Boxed: a rare path, kept out of the state of every write.
                     Box::pin(tokio::time::sleep(claim::backoff(attempt))).await;
@@ -473,7 +483,7 @@ impl Engine {
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("config", &self.config)
+            .field("config", &self.shared.config)
             .finish_non_exhaustive()
     }
 }

@@ -69,8 +69,8 @@ impl Renewal {
         claimed_at: Instant,
         lost: Arc<LostFlag>,
     ) -> Self {
-        let renewals = engine.renewals.clone();
-        let due = claimed_at + engine.config.renew_every();
+        let renewals = engine.shared.renewals.clone();
+        let due = claimed_at + engine.shared.config.renew_every();
         let mut state = renewals.lock();
         let id = state.next_id;
         state.next_id += 1;
@@ -129,7 +129,7 @@ impl std::fmt::Debug for Renewals {
 /// own, then sleeps until the next one is due (or a claim due sooner is registered); ends
 /// when no claim is left to watch.
 async fn renewer(engine: Engine) {
-    let renewals = engine.renewals.clone();
+    let renewals = engine.shared.renewals.clone();
     loop {
         let wake = renewals.wake.notified();
         tokio::pin!(wake);
@@ -176,7 +176,7 @@ async fn renew(
     claimed_at: Instant,
     lost: Arc<LostFlag>,
 ) {
-    let config = &engine.config;
+    let config = &engine.shared.config;
     let mut held_until = claimed_at + config.lease;
     let mut next = claimed_at + config.renew_every();
     loop {

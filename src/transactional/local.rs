@@ -39,7 +39,7 @@ impl LocalOwners {
             owners: self.clone(),
             engine: engine.clone(),
             key: key.clone(),
-            _in_flight: engine.in_flight.enter(),
+            _in_flight: engine.shared.in_flight.enter(),
         })
     }
 
@@ -52,6 +52,6 @@ impl LocalOwners {
 impl Drop for LocalOwnership {
     fn drop(&mut self) {
         self.owners.lock().remove(&self.key);
-        self.engine.waiters.wake(&self.key);
+        self.engine.shared.waiters.wake(&self.key);
     }
 }

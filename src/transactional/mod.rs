@@ -203,19 +203,17 @@ impl<S: TransactionalStore> Transactional<S> {
         fingerprint: Fingerprint,
     ) -> Result<TxBegin<S::Database>, EngineError> {
         let engine = &self.engine;
-        let InProgressPolicy::Wait { timeout } = engine.config.in_progress else {
+        let InProgressPolicy::Wait { timeout } = engine.shared.config.in_progress else {
             tracing::debug!(key = %key.log_id(), "duplicate rejected: original still running");
             return Err(engine.still_running());
         };
         let deadline = Instant::now() + timeout;
         engine.follow_completions();
-        let Some(mut subscription) =
-            engine
-                .waiters
-                .subscribe(&key, engine.config.max_waiters_per_key, |watch| {
-                    tokio::spawn(self.clone().watch(key.clone(), watch))
-                })
-        else {
+        let Some(mut subscription) = engine.shared.waiters.subscribe(
+            &key,
+            engine.shared.config.max_waiters_per_key,
+            |watch| tokio::spawn(self.clone().watch(key.clone(), watch)),
+        ) else {
             tracing::warn!(key = %key.log_id(), "too many requests waiting on this key; answering in-progress");
             return Err(engine.still_running());
         };
@@ -253,7 +251,11 @@ impl<S: TransactionalStore> Transactional<S> {
         // Where the database lets a look block until the owner ends, looking again is only a
         // fallback (no waiting connection free, or a lost connection): poll slowly. Commits
         // of this mode notify nobody, so without that, poll fast.
-        let backoff = self.engine.config.poll(self.dialect.can_await_owner());
+        let backoff = self
+            .engine
+            .shared
+            .config
+            .poll(self.dialect.can_await_owner());
         watch
             .poll(backoff, move || async move {
                 loop {
@@ -289,7 +291,7 @@ impl<S: TransactionalStore> Transactional<S> {
     ) -> Result<Option<TxBegin<S::Database>>, EngineError> {
         let engine = &self.engine;
         let unavailable = |source| engine.unavailable(key, source);
-        let lease = engine.config.lease;
+        let lease = engine.shared.config.lease;
         let started = engine
             .bounded(self.dialect.begin_claim(lease, key, fingerprint, lease))
             .await

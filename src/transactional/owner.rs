@@ -85,8 +85,8 @@ impl<DB: sqlx::Database> TxOwner<DB> {
 
     /// Unkeyed work: the transaction is begun when the operation first locks it.
     pub(super) fn unkeyed<S: TransactionalStore<Database = DB>>(mode: &Transactional<S>) -> Self {
-        let slot = TxSlot::lazy(mode.dialect.clone(), mode.engine.config.lease);
-        Self::with_slot(mode, slot, Some(mode.engine.in_flight.enter()))
+        let slot = TxSlot::lazy(mode.dialect.clone(), mode.engine.shared.config.lease);
+        Self::with_slot(mode, slot, Some(mode.engine.shared.in_flight.enter()))
     }
 
     fn with_slot<S: TransactionalStore<Database = DB>>(
@@ -129,7 +129,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
                 .await
                 .map_err(CommitError::Store);
         };
-        let retention: Duration = engine.config.retention;
+        let retention: Duration = engine.shared.config.retention;
         let committed = engine
             .bounded(self.dialect.commit_with(
                 tx,
