@@ -349,15 +349,37 @@ where
             }
             Err(error) => return Ok(render(&config, rejection_for(error))),
         };
-        let mut request = Request::from_parts(parts, ReqBody::from(body));
-        request.extensions_mut().insert(claim.status());
-        execute(inner, claim, request, config).await
+        handle(inner, claim, parts, body, config).await
     }
     .instrument(span);
     Box::pin(work)
 }
 
 /// Drives `service` to readiness.
+/// Runs the handler for the claim's owner. Its future is boxed: it is as large as the user's
+/// handler made it, and carried inline it would size the whole request's future, which a
+/// replay allocates too (kept under 1 KiB, that allocation stays in malloc's per-thread cache).
+/// A plain function, so the request it builds is not kept in the caller's state.
+fn handle<S, ReqBody, ResBody>(
+    inner: S,
+    claim: Claim,
+    parts: http::request::Parts,
+    body: Bytes,
+    config: Arc<Config>,
+) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let mut request = Request::from_parts(parts, ReqBody::from(body));
+    request.extensions_mut().insert(claim.status());
+    Box::pin(execute(inner, claim, request, config))
+}
+
 async fn ready<S, R>(mut service: S) -> Result<S, S::Error>
 where
     S: Service<R>,
