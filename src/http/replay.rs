@@ -57,7 +57,8 @@ pub(crate) fn encode(
     encode_with_trailers(status, headers, None, body, keep_set_cookie)
 }
 
-/// [`encode`], plus the trailers the body ended with (kept whole).
+/// Encodes a response for storage as `encode` does, with the trailers the body ended with
+/// (kept whole).
 pub(crate) fn encode_with_trailers(
     status: StatusCode,
     headers: &HeaderMap,
@@ -115,7 +116,7 @@ pub(crate) fn encode_not_stored(status: StatusCode) -> Bytes {
     out.freeze()
 }
 
-/// Decodes what [`encode`] or [`encode_not_stored`] wrote; `Err` describes the damage.
+/// Decodes what [`encode_with_trailers`] or [`encode_not_stored`] wrote; `Err` describes the damage.
 pub(crate) fn decode(mut payload: Bytes) -> Result<StoredResponse, String> {
     if payload.len() < 7 || &payload[..4] != MAGIC {
         return Err("not a stored HTTP response (unknown format or version)".into());

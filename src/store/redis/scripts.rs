@@ -9,9 +9,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS[1] record; ARGV[1] fence; ARGV[2] completed header without fingerprint (version,
-/// state, token); ARGV[3] payload; ARGV[4] retention in ms; optionally ARGV[5] a channel to
-/// publish ARGV[6] (the key's digest) to. The fingerprint is spliced from the claim, because
+/// `KEYS[1]` record; `ARGV[1]` fence; `ARGV[2]` completed header without fingerprint (version,
+/// state, token); `ARGV[3]` payload; `ARGV[4]` retention in ms; optionally `ARGV[5]` a channel to
+/// publish `ARGV[6]` (the key's digest) to. The fingerprint is spliced from the claim, because
 /// `complete` is not given it.
 pub(super) static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -30,7 +30,7 @@ return 1
     )
 });
 
-/// KEYS[1] record; ARGV[1] fence; optionally ARGV[2] a channel to publish ARGV[3] (the
+/// `KEYS[1]` record; `ARGV[1]` fence; optionally `ARGV[2]` a channel to publish `ARGV[3]` (the
 /// key's digest) to.
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -48,7 +48,7 @@ return 1
     )
 });
 
-/// KEYS[1] record; ARGV[1] fence; ARGV[2] lease in ms.
+/// `KEYS[1]` record; `ARGV[1]` fence; `ARGV[2]` lease in ms.
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
