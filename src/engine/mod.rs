@@ -382,7 +382,7 @@ impl Engine {
                     tokio::spawn(self.clone().watch(key.clone(), watch))
                 })
         else {
-            tracing::warn!("too many requests waiting on this key; answering in-progress");
+            tracing::warn!(key = %key.log_id(), "too many requests waiting on this key; answering in-progress");
             return Err(self.still_running());
         };
         loop {

@@ -460,7 +460,7 @@ where
         Ok(Ok(response)) => response,
         Ok(Err(error)) => return (Some(give_up(claim)), Err(error)),
         Err(_panic) => {
-            tracing::error!("inner service panicked; releasing the key");
+            tracing::error!(key = %claim.key().log_id(), "inner service panicked; releasing the key");
             let answer = render(&config, Rejection::HandlerPanicked);
             return (Some(give_up(claim)), Ok(answer));
         }

@@ -226,11 +226,12 @@ impl Drop for Tee {
         // The client left mid-body: read the rest so the outcome is recorded, within the
         // handler lifetime; past it the claim is dropped, which releases the key.
         let lifetime = recorder.config.max_handler_lifetime;
+        let key = recorder.claim.key().clone();
         let inner = std::mem::replace(&mut self.inner, super::body::full(Bytes::new()));
         let rest = drain(inner, recorder);
         spawn_or_drop(Box::pin(async move {
             if tokio::time::timeout(lifetime, rest).await.is_err() {
-                tracing::warn!("the rest of a response body outlived the handler lifetime; its key is released");
+                tracing::warn!(key = %key.log_id(), "the rest of a response body outlived the handler lifetime; its key is released");
             }
         }));
     }

@@ -159,6 +159,12 @@ where
     ResBody::Error: Into<BoxError>,
 {
     owner.lend(request.extensions_mut());
+    // What the rare warnings below name (the request's span is DEBUG, so it may not show).
+    let key = || {
+        duplicate
+            .as_ref()
+            .map_or_else(|| "(unkeyed)".to_owned(), |d| d.key.log_id())
+    };
     let response = match AssertUnwindSafe(inner.call(request)).catch_unwind().await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
@@ -166,7 +172,7 @@ where
             return Err(error);
         }
         Err(_panic) => {
-            tracing::error!("inner service panicked; rolling its transaction back");
+            tracing::error!(key = %key(), "inner service panicked; rolling its transaction back");
             owner.rollback().await;
             return Ok(render(&config, Rejection::HandlerPanicked));
         }
@@ -197,14 +203,14 @@ where
             },
         ),
         Collected::TooLarge { read, rest } => {
-            tracing::warn!(status = %parts.status, limit = config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
+            tracing::warn!(key = %key(), status = %parts.status, limit = config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
             (
                 replay::encode_not_stored(parts.status),
                 body::boxed(Prefixed::new(read, rest)),
             )
         }
         Collected::Failed(error) => {
-            tracing::error!(error = %error, "response body failed; rolling back");
+            tracing::error!(key = %key(), error = %error, "response body failed; rolling back");
             owner.rollback().await;
             return Ok(render(&config, Rejection::ResponseBodyFailed));
         }
@@ -217,7 +223,7 @@ where
             None => render(&config, Rejection::NotCommitted { retry_after }),
         }),
         Err(error) => {
-            tracing::error!(error = %error, "commit failed; the handler's writes were rolled back");
+            tracing::error!(key = %key(), error = %error, "commit failed; the handler's writes were rolled back");
             let rejection = match error {
                 CommitError::StillBorrowed(_) => Rejection::TransactionHeld,
                 _ => Rejection::NotCommitted { retry_after },
