@@ -355,7 +355,6 @@ where
     Box::pin(work)
 }
 
-/// Drives `service` to readiness.
 /// Runs the handler for the claim's owner. Its future is boxed: it is as large as the user's
 /// handler made it, and carried inline it would size the whole request's future, which a
 /// replay allocates too (kept under 1 KiB, that allocation stays in malloc's per-thread cache).
@@ -380,6 +379,7 @@ where
     Box::pin(execute(inner, claim, request, config))
 }
 
+/// Drives `service` to readiness.
 async fn ready<S, R>(mut service: S) -> Result<S, S::Error>
 where
     S: Service<R>,
