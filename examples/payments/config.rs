@@ -1,6 +1,8 @@
 //! The example's environment, read once at start; a bad value stops it with a clear message.
 
-use std::{str::FromStr, time::Duration};
+use std::time::Duration;
+
+use crate::pipeline::{number, var};
 
 /// Every variable, its meaning and its default is listed in the `# Environment` table of
 /// `main.rs`.
@@ -123,19 +125,6 @@ impl Redis {
             [single] if !cluster => Ok(Self::Single(single.clone())),
             _ => Ok(Self::Cluster(nodes)),
         }
-    }
-}
-
-fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-fn number<T: FromStr>(name: &str, default: T) -> Result<T, String> {
-    match var(name) {
-        None => Ok(default),
-        Some(text) => text
-            .parse()
-            .map_err(|_| format!("{name}={text:?} is not a valid non-negative integer")),
     }
 }
 

@@ -195,7 +195,7 @@ async fn run() -> Result<(), backends::Error> {
         }
     );
     axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(pipeline::shutdown_signal())
         .await?;
     // Handlers whose clients hung up run on, detached: let them finish and record their
     // outcome, rather than leave their keys claimed until the lease runs out.
@@ -215,27 +215,4 @@ async fn run() -> Result<(), backends::Error> {
     }
     purger.abort();
     Ok(())
-}
-
-/// Resolves on Ctrl-C or SIGTERM, so in-flight requests finish before the process exits.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutting down");
 }
