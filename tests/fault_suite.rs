@@ -16,6 +16,8 @@
 #[path = "common/backends.rs"]
 mod backends;
 mod common;
+#[path = "common/sqlite_file.rs"]
+mod sqlite_file;
 
 use std::{
     any::Any,
@@ -524,10 +526,7 @@ async fn memory() -> Option<Arc<dyn Store>> {
 }
 
 async fn sqlite() -> Option<(Arc<dyn Store>, Hog)> {
-    let path = std::env::temp_dir().join(format!(
-        "tower-idempotency-faults-{}.db",
-        Token::random().to_hex()
-    ));
+    let path = sqlite_file::fresh_path("faults");
     let store = tower_idempotency::store::SqliteStore::open(&path)
         .await
         .expect("open a SQLite file");

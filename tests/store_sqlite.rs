@@ -6,12 +6,16 @@
 #![cfg(feature = "sqlite")]
 
 mod conformance;
+#[path = "common/sqlite_file.rs"]
+mod sqlite_file;
 
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::Duration,
 };
+
+use sqlite_file::fresh_path;
 
 use bytes::Bytes;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -20,33 +24,6 @@ use tower_idempotency::{
     store::{SqliteStore, Store, StoreError},
     ClaimOutcome, Record, StoreKey,
 };
-
-const PREFIX: &str = "tower-idempotency-test-";
-
-/// A file name unique to this test process; files that earlier runs left behind (tests
-/// cannot clean up after the last one finishes) are removed once they are an hour old.
-fn fresh_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir();
-    if let Ok(entries) = std::fs::read_dir(&dir) {
-        for entry in entries.flatten() {
-            let stale = entry.file_name().to_string_lossy().starts_with(PREFIX)
-                && entry
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|m| SystemTime::now().duration_since(m).ok())
-                    .is_some_and(|age| age > Duration::from_secs(3600));
-            if stale {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    dir.join(format!("{PREFIX}{}-{nanos}-{name}.db", std::process::id()))
-}
 
 /// Creates the shared file once: the switch to WAL cannot wait for a lock, so it must not
 /// race with the many pools the tests open at once.

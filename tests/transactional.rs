@@ -13,6 +13,8 @@
 
 #[path = "common/backends.rs"]
 mod backends;
+#[path = "common/sqlite_file.rs"]
+mod sqlite_file;
 
 use std::{
     sync::{
@@ -629,10 +631,7 @@ mod sqlite {
     }
 
     async fn open(max: u32) -> Option<SqliteStore> {
-        let path = std::env::temp_dir().join(format!(
-            "tower-idempotency-tx-{}.db",
-            Token::random().to_hex()
-        ));
+        let path = crate::sqlite_file::fresh_path("transactional");
         let options = SqliteStore::durable_options(
             SqliteConnectOptions::new()
                 .filename(&path)
