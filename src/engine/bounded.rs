@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::Sleep;
+use tokio::{task::coop::Unconstrained, time::Sleep};
 
 use crate::store::StoreError;
 
@@ -19,11 +19,15 @@ pin_project_lite::pin_project! {
     /// no timer. The limit then counts from that first poll, microseconds after the call was
     /// made. The timer is boxed: a round trip dwarfs the allocation, and every request's
     /// future would otherwise carry its 112 bytes through each store call.
+    ///
+    /// The timer is polled outside the task's cooperative budget, as `tokio::time::timeout`
+    /// does when its future spent the budget: a call that uses up the budget on every poll
+    /// would otherwise keep the timer from ever firing.
     pub(crate) struct Bounded<F> {
         #[pin]
         call: F,
         after: Duration,
-        timer: Option<Pin<Box<Sleep>>>,
+        timer: Option<Pin<Box<Unconstrained<Sleep>>>>,
     }
 }
 
@@ -49,9 +53,9 @@ where
             return Poll::Ready(outcome);
         }
         let after = *this.after;
-        let timer = this
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(after)));
+        let timer = this.timer.get_or_insert_with(|| {
+            Box::pin(tokio::task::coop::unconstrained(tokio::time::sleep(after)))
+        });
         ready!(timer.as_mut().poll(cx));
         Poll::Ready(Err(StoreError::Timeout { after: *this.after }))
     }
@@ -83,5 +87,25 @@ mod tests {
         assert_eq!(quick.await.unwrap(), 7);
         let at_once = Bounded::new(async { Ok::<_, StoreError>(8) }, Duration::ZERO);
         assert_eq!(at_once.await.unwrap(), 8);
+    }
+
+    /// A call that spends the whole cooperative budget on every poll (a store client reading
+    /// a busy socket could) still times out.
+    #[tokio::test]
+    async fn a_call_that_spends_the_budget_on_every_poll_still_times_out() {
+        let greedy = Bounded::new(
+            async {
+                loop {
+                    tokio::task::coop::consume_budget().await;
+                }
+                #[allow(unreachable_code)]
+                Ok::<(), StoreError>(())
+            },
+            Duration::from_millis(20),
+        );
+        let outcome = tokio::time::timeout(Duration::from_secs(10), greedy)
+            .await
+            .expect("the store call's own limit never fired");
+        assert!(matches!(outcome, Err(StoreError::Timeout { .. })));
     }
 }
