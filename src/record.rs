@@ -61,10 +61,11 @@ impl StoreKey {
     /// log or to use as a storage key where the raw key must not appear.
     pub fn digest(&self) -> [u8; 32] {
         *self.0.digest.get_or_init(|| {
-            let mut hasher = Sha256::new();
-            hash_field(&mut hasher, self.0.scope.as_bytes());
-            hash_field(&mut hasher, self.0.key.as_bytes());
-            hasher.finalize().into()
+            let mut hasher = FieldHasher::default();
+            hasher
+                .field(self.0.scope.as_bytes())
+                .field(self.0.key.as_bytes());
+            *hasher.finish().as_bytes()
         })
     }
 
@@ -246,15 +247,17 @@ pub enum ClaimOutcome {
     Existing(Record),
 }
 
-/// [`Fingerprint::of`] one field at a time, for callers whose fields are not at hand as one
-/// sequence (the HTTP fingerprint would otherwise collect them into a list per request).
+/// SHA-256 over length-prefixed fields, one at a time: what [`Fingerprint::of`] and
+/// [`StoreKey::digest`] hash, for callers whose fields are not at hand as one sequence (the
+/// HTTP fingerprint would otherwise collect them into a list per request).
 #[derive(Default)]
 pub(crate) struct FieldHasher(Sha256);
 
 impl FieldHasher {
     /// Adds one field, length-prefixed.
     pub(crate) fn field(&mut self, field: &[u8]) -> &mut Self {
-        hash_field(&mut self.0, field);
+        self.0.update((field.len() as u64).to_be_bytes());
+        self.0.update(field);
         self
     }
 
@@ -262,11 +265,6 @@ impl FieldHasher {
     pub(crate) fn finish(self) -> Fingerprint {
         Fingerprint(self.0.finalize().into())
     }
-}
-
-fn hash_field(hasher: &mut Sha256, field: &[u8]) {
-    hasher.update((field.len() as u64).to_be_bytes());
-    hasher.update(field);
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {

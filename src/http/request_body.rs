@@ -49,15 +49,15 @@ where
             return Err(Rejection::BodyTooLarge { limit });
         }
         let chunk = data.copy_to_bytes(data.remaining());
-        match (&mut gathered, first.take()) {
-            (Some(buffer), _) => buffer.extend_from_slice(&chunk),
-            (None, None) => first = Some(chunk),
-            (None, Some(earlier)) => {
-                let mut buffer = BytesMut::with_capacity(declared.map_or(0, |d| d as usize));
-                buffer.extend_from_slice(&earlier);
-                buffer.extend_from_slice(&chunk);
-                gathered = Some(buffer);
-            }
+        if let Some(buffer) = &mut gathered {
+            buffer.extend_from_slice(&chunk);
+        } else if let Some(earlier) = first.take() {
+            let mut buffer = BytesMut::with_capacity(declared.map_or(0, |d| d as usize));
+            buffer.extend_from_slice(&earlier);
+            buffer.extend_from_slice(&chunk);
+            gathered = Some(buffer);
+        } else {
+            first = Some(chunk);
         }
     }
     Ok(match gathered {
