@@ -1,6 +1,7 @@
 //! The outbox relay against real PostgreSQL, RabbitMQ and NATS JetStream: every committed row
-//! reaches the broker once, rolled-back ones never, racing relays lose nothing, and a crash
-//! between publish and mark is absorbed (by the inbox on RabbitMQ, by `Nats-Msg-Id` on NATS).
+//! reaches the broker once, rolled-back ones never, racing relays lose nothing, a crash
+//! between publish and mark is absorbed (by the inbox on RabbitMQ, by `Nats-Msg-Id` on NATS),
+//! and a stopping relay sends the rows committed just before its shutdown, within a bound.
 //!
 //! Needs TEST_POSTGRES_URL plus TEST_AMQP_URL / TEST_NATS_URL (`scripts/test` sets them).
 
@@ -15,7 +16,7 @@ use process::unique;
 use tower_idempotency::{
     broker::{BrokerError, OutgoingMessage, Publisher},
     inbox::{Consumer, Outcome},
-    outbox::{NewEvent, OutboxSource, PgOutbox, Relay, RelayConfig},
+    outbox::{NewEvent, OutboxError, OutboxSource, PgOutbox, Relay, RelayConfig},
 };
 
 const QUIET: Duration = Duration::from_millis(1500);
@@ -220,6 +221,124 @@ async fn a_commit_wakes_the_relay_without_waiting_for_the_poll() {
         assert_eq!(broker.drain_ids(QUIET).await, [event.id]);
         stop.send(()).unwrap();
         running.await.unwrap();
+    })
+    .await;
+}
+
+/// The PostgreSQL outbox without its `LISTEN` wake-up: a relay on it only polls, as on MySQL
+/// and SQLite, so between two polls nothing but the shutdown signal ends its wait.
+#[derive(Clone)]
+struct PollsOnly(PgOutbox);
+
+#[async_trait]
+impl OutboxSource for PollsOnly {
+    async fn relay_batch(
+        &self,
+        publisher: &dyn Publisher,
+        limit: u32,
+    ) -> Result<usize, OutboxError> {
+        self.0.relay_batch(publisher, limit).await
+    }
+
+    async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
+        self.0.purge_sent(older_than, limit).await
+    }
+
+    async fn unsent(&self) -> Result<u64, OutboxError> {
+        self.0.unsent().await
+    }
+}
+
+/// Never confirms a publish: a broker that is down without closing the connection.
+struct NeverConfirms;
+
+#[async_trait]
+impl Publisher for NeverConfirms {
+    async fn publish_confirmed(&self, _: &[OutgoingMessage]) -> Result<(), BrokerError> {
+        std::future::pending().await
+    }
+}
+
+/// Polling once an hour, purging never: nothing but the shutdown ends the relay's first wait.
+fn waits_for_shutdown() -> RelayConfig {
+    RelayConfig {
+        batch: 2,
+        poll_interval: Duration::from_secs(3600),
+        purge_every: Duration::from_secs(3600),
+        ..RelayConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn rows_committed_just_before_shutdown_are_sent_before_the_relay_stops() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        let relay = Relay::new(PollsOnly(db.outbox.clone()), broker.publisher().await)
+            .config(waits_for_shutdown());
+        let mut committed = HashSet::new();
+        // The relay first polls the shutdown future once its first drain found nothing and it
+        // waits: the future commits the rows then, after the relay's last batch, and completes.
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            relay.run_until(async {
+                for _ in 0..5 {
+                    committed.insert(db.pay(true).await.1);
+                }
+            }),
+        )
+        .await
+        .expect("run_until did not return after the shutdown signal");
+        assert_eq!(
+            db.unsent().await,
+            0,
+            "rows committed just before the shutdown were left unsent"
+        );
+        let counts = tally(&broker.drain_ids(QUIET).await);
+        assert_eq!(
+            counts.keys().cloned().collect::<HashSet<_>>(),
+            committed,
+            "the broker got exactly the committed events"
+        );
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "an event was published twice: {counts:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_broker_that_never_confirms_holds_the_shutdown_no_longer_than_shutdown_drain() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        let config = RelayConfig {
+            shutdown_drain: Duration::from_millis(300),
+            ..waits_for_shutdown()
+        };
+        // Polling only: a wake-up could start a batch (which never ends) before the shutdown.
+        let relay = Relay::new(PollsOnly(db.outbox.clone()), NeverConfirms).config(config);
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            relay.run_until(async {
+                for _ in 0..3 {
+                    db.pay(true).await;
+                }
+            }),
+        )
+        .await
+        .expect("a broker that never confirms held the shutdown");
+        assert_eq!(db.unsent().await, 3, "the rows stay unsent, none is lost");
+        // The next relay sends them, once the cut-off batch's rollback released their locks.
+        let next = Relay::new(db.outbox.clone(), broker.publisher().await);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut sent = 0;
+        while sent < 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the next relay sent {sent} of the 3 rows"
+            );
+            sent += next.drain().await.expect("drain");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(db.unsent().await, 0);
     })
     .await;
 }

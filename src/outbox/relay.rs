@@ -19,6 +19,10 @@ pub struct RelayConfig {
     pub sent_retention: Duration,
     /// How often sent rows are purged (default 1 minute), in batches of `batch` rows.
     pub purge_every: Duration,
+    /// How long the last drain after the shutdown signal may take (default 5 s): it sends the
+    /// rows committed since the last batch now rather than at the next start of a relay, and
+    /// a broker that is down cannot hold the shutdown longer than this. Zero: no last drain.
+    pub shutdown_drain: Duration,
 }
 
 impl Default for RelayConfig {
@@ -29,6 +33,7 @@ impl Default for RelayConfig {
             retry_delay: Duration::from_secs(1),
             sent_retention: Duration::from_secs(3600),
             purge_every: Duration::from_secs(60),
+            shutdown_drain: Duration::from_secs(5),
         }
     }
 }
@@ -87,8 +92,17 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         }
     }
 
-    /// Runs until `shutdown` completes; the batch in flight then finishes (or rolls back)
-    /// first. Errors are logged (`tracing`, warn) and retried after `retry_delay`.
+    /// Runs until `shutdown` completes, then drains once more, for at most
+    /// [`shutdown_drain`](RelayConfig::shutdown_drain), so rows committed since the last batch
+    /// leave now rather than at the next start of a relay. Errors are logged (`tracing`, warn)
+    /// and retried after `retry_delay`.
+    ///
+    /// `shutdown` is looked at between drains: a drain under way finishes first, however long
+    /// it takes (`shutdown_drain` bounds only the last one). If the last
+    /// drain fails or runs out of time (its batch in flight rolls back), one warning is logged
+    /// and the rows it did not send stay unsent, for the next relay to send: a row is marked
+    /// sent only in the transaction that commits after the broker confirmed it, so none is
+    /// lost (one cut off between the confirmation and the commit is published again).
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
         let wake = Arc::new(Notify::new());
         let listener = self.source.listen(wake.clone());
@@ -115,7 +129,29 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         if let Some(listener) = listener {
             listener.abort();
         }
+        self.last_drain().await;
         self.publisher.close().await;
+    }
+
+    /// The drain after the shutdown signal, within `shutdown_drain`.
+    async fn last_drain(&self) {
+        let limit = self.config.shutdown_drain;
+        if limit.is_zero() {
+            return;
+        }
+        match tokio::time::timeout(limit, self.drain()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(
+                error = %error_chain(&error),
+                "outbox relay: the last drain before shutdown failed; an unknown number of rows \
+                 stay unsent, and the next relay to start sends them"
+            ),
+            Err(_) => tracing::warn!(
+                shutdown_drain = ?limit,
+                "outbox relay: the last drain before shutdown ran out of time; an unknown number \
+                 of rows stay unsent, and the next relay to start sends them"
+            ),
+        }
     }
 
     async fn purge(&self) {
