@@ -307,6 +307,19 @@ mod tests {
         );
     }
 
+    /// A golden value: stores find a record by this digest (the Redis key, the PostgreSQL
+    /// advisory lock of the transactional mode, the settle notifications), so records written
+    /// by one build must be found by the next. If the hashed bytes change, every record stored
+    /// before an upgrade becomes unreachable after it, and a retry across the deploy runs its
+    /// handler a second time. Never change this value without a migration note for users.
+    #[test]
+    fn the_key_digest_never_changes() {
+        assert_eq!(
+            hex(&StoreKey::new("tenant-42", "order-7").digest()),
+            "651cc0439eee4229f98a70d0d025a9b161c59399b9a448f14f8234f8051d4b95"
+        );
+    }
+
     #[test]
     fn hex_round_trips() {
         let token = Token::random();

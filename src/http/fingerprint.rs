@@ -69,6 +69,26 @@ mod tests {
         assert_eq!(got, expected);
     }
 
+    /// A golden value: the test above compares two computations over the same hasher, so a
+    /// change to the hashed bytes (the length prefixes, the header value count, the hash)
+    /// passes it. Records keep the fingerprint of their first request: if it changes, every
+    /// retry of a request stored before an upgrade is refused as a reused key after it. Never
+    /// change this value without a migration note for users.
+    #[test]
+    fn the_fingerprint_of_a_fixed_request_never_changes() {
+        let (parts, ()) = Request::post("/pay?a=1")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "a")
+            .header(header::ACCEPT, "b")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert_eq!(
+            fingerprint(&parts, &[header::CONTENT_TYPE, header::ACCEPT], b"{}").to_hex(),
+            "f64502c3111f50f8d037391538dc4b6b4934803a9eb468a2dbfc637331cf42bf"
+        );
+    }
+
     #[test]
     fn every_part_of_the_request_counts() {
         let base = fp("POST", "/pay?a=1", Some("application/json"), b"{}");
