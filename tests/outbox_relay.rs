@@ -313,15 +313,15 @@ async fn a_broker_that_never_confirms_holds_the_shutdown_no_longer_than_shutdown
             shutdown_drain: Duration::from_millis(300),
             ..waits_for_shutdown()
         };
-        // Polling only: a wake-up could start a batch (which never ends) before the shutdown.
-        let relay = Relay::new(PollsOnly(db.outbox.clone()), NeverConfirms).config(config);
+        // The rows are there before the relay starts: its first batch hangs on the publish,
+        // and the shutdown comes while that drain is under way.
+        for _ in 0..3 {
+            db.pay(true).await;
+        }
+        let relay = Relay::new(db.outbox.clone(), NeverConfirms).config(config);
         tokio::time::timeout(
             Duration::from_secs(10),
-            relay.run_until(async {
-                for _ in 0..3 {
-                    db.pay(true).await;
-                }
-            }),
+            relay.run_until(tokio::time::sleep(Duration::from_millis(200))),
         )
         .await
         .expect("a broker that never confirms held the shutdown");

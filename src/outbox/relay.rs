@@ -19,9 +19,10 @@ pub struct RelayConfig {
     pub sent_retention: Duration,
     /// How often sent rows are purged (default 1 minute), in batches of `batch` rows.
     pub purge_every: Duration,
-    /// How long the last drain after the shutdown signal may take (default 5 s): it sends the
-    /// rows committed since the last batch now rather than at the next start of a relay, and
-    /// a broker that is down cannot hold the shutdown longer than this. Zero: no last drain.
+    /// How long sending may go on after the shutdown signal (default 5 s): the drain under way,
+    /// or one more, sends the rows committed since the last batch now rather than at the next
+    /// start of a relay, and a broker that is down or a backlog cannot hold the shutdown
+    /// longer than this. Zero: stop at once (a batch under way rolls back).
     pub shutdown_drain: Duration,
 }
 
@@ -92,24 +93,29 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         }
     }
 
-    /// Runs until `shutdown` completes, then drains once more, for at most
-    /// [`shutdown_drain`](RelayConfig::shutdown_drain), so rows committed since the last batch
-    /// leave now rather than at the next start of a relay. Errors are logged (`tracing`, warn)
-    /// and retried after `retry_delay`.
+    /// Runs until `shutdown` completes. Errors are logged (`tracing`, warn) and retried after
+    /// `retry_delay`.
     ///
-    /// `shutdown` is looked at between drains: a drain under way finishes first, however long
-    /// it takes (`shutdown_drain` bounds only the last one). If the last
-    /// drain fails or runs out of time (its batch in flight rolls back), one warning is logged
-    /// and the rows it did not send stay unsent, for the next relay to send: a row is marked
-    /// sent only in the transaction that commits after the broker confirmed it, so none is
-    /// lost (one cut off between the confirmation and the commit is published again).
+    /// Shutdown is bounded by [`shutdown_drain`](RelayConfig::shutdown_drain): a drain under
+    /// way when `shutdown` completes may go on for that long, and otherwise one more drain
+    /// runs for that long, so rows committed since the last batch leave now rather than at
+    /// the next start of a relay. Whatever is not sent by then (a broker that is down, a
+    /// backlog larger than the time allows) stays unsent for the next relay, with one warning:
+    /// a row is marked sent only in the transaction that commits after the broker confirmed
+    /// it, so none is lost. A batch cut off mid-way rolls back, and the rows of it the broker
+    /// already took are published again (consumers deduplicate by message id).
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) {
         let wake = Arc::new(Notify::new());
         let listener = self.source.listen(wake.clone());
         tokio::pin!(shutdown);
         let mut next_purge = Instant::now();
-        loop {
-            let pause = match self.drain().await {
+        let in_flight = loop {
+            let mut drain = Box::pin(self.drain());
+            let drained = tokio::select! {
+                drained = &mut drain => drained,
+                () = &mut shutdown => break Some(drain),
+            };
+            let pause = match drained {
                 Ok(_) => self.config.poll_interval,
                 Err(error) => {
                     tracing::warn!(error = %error_chain(&error), "outbox relay: batch failed; retrying");
@@ -121,25 +127,26 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
                 next_purge = Instant::now() + self.config.purge_every;
             }
             tokio::select! {
-                () = &mut shutdown => break,
+                () = &mut shutdown => break None,
                 () = wake.notified() => {}
                 () = tokio::time::sleep(pause) => {}
             }
-        }
+        };
         if let Some(listener) = listener {
             listener.abort();
         }
-        self.last_drain().await;
+        let last = in_flight.unwrap_or_else(|| Box::pin(self.drain()));
+        self.last_drain(last).await;
         self.publisher.close().await;
     }
 
-    /// The drain after the shutdown signal, within `shutdown_drain`.
-    async fn last_drain(&self) {
+    /// Lets the drain under way at shutdown, or a fresh one, run for `shutdown_drain`.
+    async fn last_drain(&self, drain: impl Future<Output = Result<usize, OutboxError>>) {
         let limit = self.config.shutdown_drain;
         if limit.is_zero() {
             return;
         }
-        match tokio::time::timeout(limit, self.drain()).await {
+        match tokio::time::timeout(limit, drain).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => tracing::warn!(
                 error = %error_chain(&error),
