@@ -122,6 +122,55 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     drop_table(&pool, &table).await;
 }
 
+/// The collation of each of `columns` of `table`, in order.
+async fn collations(pool: &PgPool, table: &str, columns: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for column in columns {
+        let name: String = sqlx::query_scalar(
+            "SELECT c.collname::text FROM pg_attribute a JOIN pg_collation c ON c.oid = a.attcollation \
+             WHERE a.attrelid = $1::regclass AND a.attname = $2",
+        )
+        .bind(table)
+        .bind(column)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        found.push(name);
+    }
+    found
+}
+
+/// Keys and message ids are opaque: the tables compare them bytewise, so the order of their
+/// unique indexes never depends on the operating system's language rules (which change
+/// across upgrades and then leave a text index out of order).
+#[tokio::test]
+async fn every_table_migrate_makes_compares_its_ids_bytewise() {
+    let Some(pool) = pool().await else { return };
+    let (records, inbox, outbox) = (private_table(), private_table(), private_table());
+    let store = PostgresStore::builder(pool.clone())
+        .table(&records)
+        .build()
+        .unwrap();
+    store.migrate().await.unwrap();
+    let inbox_store = tower_idempotency::inbox::PgInbox::with_table(pool.clone(), &inbox).unwrap();
+    inbox_store.migrate().await.unwrap();
+    let outbox_store =
+        tower_idempotency::outbox::PgOutbox::with_table(pool.clone(), &outbox).unwrap();
+    outbox_store.migrate().await.unwrap();
+    assert_eq!(
+        collations(&pool, &records, &["scope", "key"]).await,
+        ["C", "C"]
+    );
+    assert_eq!(
+        collations(&pool, &inbox, &["consumer", "message_id"]).await,
+        ["C", "C"]
+    );
+    assert_eq!(collations(&pool, &outbox, &["id"]).await, ["C"]);
+    for table in [&records, &inbox, &outbox] {
+        drop_table(&pool, table).await;
+    }
+}
+
 #[tokio::test]
 async fn invalid_table_name_is_a_typed_error_before_any_sql() {
     // A lazy pool to a dead port: the refusal must not need the database.

@@ -29,7 +29,7 @@ bench_pg_ceiling() {
     -c "CREATE TABLE ${p}_notes (id BIGSERIAL PRIMARY KEY, note TEXT NOT NULL)"
   # The records table as PostgresStore::schema_sql writes it (src/store/postgres.rs).
   psql_q -c "CREATE TABLE ${p}_records (
-          scope TEXT NOT NULL, key TEXT NOT NULL, fingerprint BYTEA NOT NULL, token BYTEA,
+          scope TEXT COLLATE \"C\" NOT NULL, key TEXT COLLATE \"C\" NOT NULL, fingerprint BYTEA NOT NULL, token BYTEA,
           payload BYTEA, expires_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (scope, key),
           CHECK ((token IS NULL) <> (payload IS NULL)))" \
     -c "CREATE INDEX ON ${p}_records (expires_at)"

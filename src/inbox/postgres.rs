@@ -16,12 +16,16 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 ///
 /// ```sql
 /// CREATE TABLE IF NOT EXISTS tower_inbox (
-///     consumer    TEXT        NOT NULL,
-///     message_id  TEXT        NOT NULL,
-///     received_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+///     consumer    TEXT COLLATE "C" NOT NULL,
+///     message_id  TEXT COLLATE "C" NOT NULL,
+///     received_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
 ///     PRIMARY KEY (consumer, message_id)
 /// );
 /// ```
+///
+/// The id columns compare bytewise (`COLLATE "C"`), as message ids are opaque: the primary
+/// key's order then never depends on the operating system's language rules, which can
+/// change under an index across upgrades. A table made by an earlier version works the same.
 #[derive(Clone)]
 pub struct PgInbox {
     pool: PgPool,
@@ -50,9 +54,9 @@ impl PgInbox {
         let sql = Statements {
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
-    consumer    TEXT        NOT NULL,
-    message_id  TEXT        NOT NULL,
-    received_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    consumer    TEXT COLLATE \"C\" NOT NULL,
+    message_id  TEXT COLLATE \"C\" NOT NULL,
+    received_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, message_id)
 );
 CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);

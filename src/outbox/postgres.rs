@@ -58,11 +58,11 @@ impl PgOutbox {
             channel: table.derived("events"),
             schema: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
-    seq        BIGSERIAL   PRIMARY KEY,
-    id         TEXT        NOT NULL UNIQUE,
-    topic      TEXT        NOT NULL,
-    payload    BYTEA       NOT NULL,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    seq        BIGSERIAL        PRIMARY KEY,
+    id         TEXT COLLATE \"C\" NOT NULL UNIQUE,
+    topic      TEXT             NOT NULL,
+    payload    BYTEA            NOT NULL,
+    created_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
     sent_at    TIMESTAMPTZ
 );
 CREATE INDEX IF NOT EXISTS {unsent_idx} ON {t} (seq) WHERE sent_at IS NULL;

@@ -43,12 +43,12 @@ const CLAIM_ATTEMPTS: usize = 8;
 ///
 /// ```sql
 /// CREATE TABLE IF NOT EXISTS tower_idempotency_records (
-///     scope       TEXT        NOT NULL,
-///     key         TEXT        NOT NULL,
-///     fingerprint BYTEA       NOT NULL,
+///     scope       TEXT COLLATE "C" NOT NULL,
+///     key         TEXT COLLATE "C" NOT NULL,
+///     fingerprint BYTEA            NOT NULL,
 ///     token       BYTEA,
 ///     payload     BYTEA,
-///     expires_at  TIMESTAMPTZ NOT NULL,
+///     expires_at  TIMESTAMPTZ      NOT NULL,
 ///     PRIMARY KEY (scope, key),
 ///     CHECK ((token IS NULL) <> (payload IS NULL))
 /// );
@@ -59,6 +59,13 @@ const CLAIM_ATTEMPTS: usize = 8;
 /// A row in progress has a `token` and no `payload`, and `expires_at` is the end of its lease;
 /// a completed row has a `payload` and no `token`, and `expires_at` is the end of its
 /// retention. A row whose `expires_at` has passed counts as absent.
+///
+/// `scope` and `key` compare bytewise (`COLLATE "C"`): keys are opaque and equality is all
+/// the store asks of them, so the primary key's order must not depend on the language rules
+/// of the operating system's C library, whose changes across upgrades (glibc 2.28) leave
+/// indexes on text out of order until they are rebuilt. A table made by an earlier version
+/// works the same; `ALTER TABLE tower_idempotency_records ALTER COLUMN scope TYPE TEXT
+/// COLLATE "C", ALTER COLUMN key TYPE TEXT COLLATE "C"` (which rebuilds the index) moves it.
 ///
 /// # How a claim works
 ///
@@ -139,12 +146,12 @@ impl Statements {
         // impossible, so `payload IS NULL` alone can tell the two states apart.
         let schema = format!(
             "CREATE TABLE IF NOT EXISTS {t} (
-    scope       TEXT        NOT NULL,
-    key         TEXT        NOT NULL,
-    fingerprint BYTEA       NOT NULL,
+    scope       TEXT COLLATE \"C\" NOT NULL,
+    key         TEXT COLLATE \"C\" NOT NULL,
+    fingerprint BYTEA            NOT NULL,
     token       BYTEA,
     payload     BYTEA,
-    expires_at  TIMESTAMPTZ NOT NULL,
+    expires_at  TIMESTAMPTZ      NOT NULL,
     PRIMARY KEY (scope, key),
     CHECK ((token IS NULL) <> (payload IS NULL))
 );
