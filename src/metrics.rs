@@ -147,17 +147,43 @@ pub(crate) fn store_call<T, E, F>(
 where
     F: std::future::Future<Output = Result<T, E>>,
 {
+    timed(operation, None, call)
+}
+
+/// [`store_call`] for a call whose caller read the clock just before making it: its start
+/// is that reading, one clock read fewer per request (the claim's lease starts there too).
+#[inline]
+pub(crate) fn store_call_since<T, E, F>(
+    operation: &'static str,
+    started: std::time::Instant,
+    call: F,
+) -> impl std::future::Future<Output = Result<T, E>>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    timed(operation, Some(started), call)
+}
+
+#[inline]
+fn timed<T, E, F>(
+    operation: &'static str,
+    started: Option<std::time::Instant>,
+    call: F,
+) -> impl std::future::Future<Output = Result<T, E>>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
     #[cfg(feature = "metrics")]
     {
         Timed {
             operation,
-            started: None,
+            started,
             call,
         }
     }
     #[cfg(not(feature = "metrics"))]
     {
-        let _ = operation;
+        let _ = (operation, started);
         call
     }
 }

@@ -317,7 +317,7 @@ impl Engine {
             self.backend()
                 .claim(key, fingerprint, self.shared.config.lease),
         );
-        let outcome = crate::metrics::store_call("claim", claim)
+        let outcome = crate::metrics::store_call_since("claim", claimed_at.into_std(), claim)
             .await
             .map_err(|source| self.unavailable(key, source))?;
         match outcome {
