@@ -7,6 +7,40 @@
 # BENCH_PIPELINE_MESSAGES (messages per consumer run, default 5000), BENCH_PIPELINE_ROUNDS
 # (alternating rounds of both consumer arms, default 2), BENCH_PIPELINE_PREFETCH (default 8).
 
+# inbox_ceiling ROUNDS CLIENTS: PostgreSQL alone (pgbench, prepared statements like sqlx, no
+# broker, no Rust) runs the consumer's handler transaction with and without the inbox's row,
+# alternating, ROUNDS rounds of 5 s with CLIENTS clients; sets CEILING_PLAIN and CEILING_INBOX
+# (transactions/s). What the dedup row costs there is the least any inbox pays on this machine.
+inbox_ceiling() {
+  local rounds=$1 clients=$2 p=bench_inbox_ceiling
+  psql_q -c "SET client_min_messages = warning" \
+    -c "DROP TABLE IF EXISTS ${p}_effects, ${p}_inbox" \
+    -c "CREATE TABLE ${p}_effects (seq BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL, amount BIGINT NOT NULL)"
+  # The table as PgInbox::schema_sql writes it (src/inbox/postgres.rs).
+  psql_q -c "CREATE TABLE ${p}_inbox (consumer TEXT COLLATE \"C\" NOT NULL,
+          message_id TEXT COLLATE \"C\" NOT NULL,
+          received_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (consumer, message_id))" \
+    -c "CREATE INDEX ON ${p}_inbox (received_at)"
+  local effect="INSERT INTO ${p}_effects (message_id, amount) VALUES ('m' || :r, 1);"
+  printf '%s\n' '\set r random(1, 9000000000000000000)' 'BEGIN;' "$effect" 'COMMIT;' \
+    >"$WORK/inbox-plain.sql"
+  printf '%s\n' '\set r random(1, 9000000000000000000)' 'BEGIN;' \
+    "INSERT INTO ${p}_inbox (consumer, message_id) VALUES ('c', 'm' || :r) ON CONFLICT DO NOTHING;" \
+    "$effect" 'COMMIT;' >"$WORK/inbox-claimed.sql"
+  local round arm tps
+  CEILING_PLAIN=0 CEILING_INBOX=0
+  for round in $(seq 1 "$rounds"); do
+    for arm in plain claimed; do
+      pgbench "$PG_URL" -n -M prepared -c "$clients" -j 2 -T 5 -f "$WORK/inbox-$arm.sql" \
+        >"$WORK/inbox-$arm.pgbench" 2>&1 || { cat "$WORK/inbox-$arm.pgbench" >&2; exit 1; }
+      tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$WORK/inbox-$arm.pgbench" | head -n 1)
+      if [ "$arm" = plain ]; then CEILING_PLAIN=$(calc "$CEILING_PLAIN + $tps")
+      else CEILING_INBOX=$(calc "$CEILING_INBOX + $tps"); fi
+    done
+  done
+  psql_q -c "DROP TABLE IF EXISTS ${p}_effects, ${p}_inbox"
+}
+
 # pipeline_field LINE_PREFIX BROKER KEY: a value from the program's output.
 pipeline_field() {
   grep "^$1 broker=$2 " "$WORK/pipeline.out" | tr ' ' '\n' | sed -n "s/^$3=//p"
@@ -16,7 +50,9 @@ bench_pipeline() {
   say "message pipeline: building examples/pipeline_throughput"
   cargo build --release --quiet --example pipeline_throughput
   say "message pipeline: relay and consumer throughput on RabbitMQ and NATS JetStream"
+  # Four rounds of each consumer arm by default: one round of a few seconds moves by 0.1.
   DATABASE_URL=$PG_URL AMQP_URL=$TEST_AMQP_URL NATS_URL=$TEST_NATS_URL \
+    BENCH_PIPELINE_ROUNDS=${BENCH_PIPELINE_ROUNDS:-4} \
     "$BIN/pipeline_throughput" >"$WORK/pipeline.out"
   sed 's/^/    /' "$WORK/pipeline.out" >&2
 
@@ -26,6 +62,8 @@ bench_pipeline() {
   messages=$(grep -m1 '^consume ' "$WORK/pipeline.out" | tr ' ' '\n' | sed -n 's/^messages=//p')
   rounds=$(grep -c '^consume broker=amqp arm=inbox ' "$WORK/pipeline.out")
   prefetch=$(grep -m1 '^consumer ' "$WORK/pipeline.out" | tr ' ' '\n' | sed -n 's/^prefetch=//p')
+  say "message pipeline: PostgreSQL alone, the handler's transaction with and without the inbox row"
+  inbox_ceiling "$rounds" "$prefetch"
 
   echo "## Message pipeline (outbox relay, inbox consumer)"
   echo
@@ -52,5 +90,12 @@ bench_pipeline() {
     ratio=$(pipeline_field consumer $broker ratio)
     echo "| $broker | $(pipeline_field consumer $broker plain_rate) | $(pipeline_field consumer $broker inbox_rate) | ${ratio}x | $(goal "$ratio" 0.8) |"
   done
+  echo "| PostgreSQL alone (pgbench, $prefetch clients, no broker, no Rust) | $(calc "$CEILING_PLAIN / $rounds" %.0f) tx/s | $(calc "$CEILING_INBOX / $rounds" %.0f) tx/s | $(calc "$CEILING_INBOX / $CEILING_PLAIN")x | the least any inbox costs here |"
+  echo
+  echo "The last row is the same two transactions with nothing around them: \`BEGIN\`, the"
+  echo "handler's INSERT, \`COMMIT\`, and the same with the inbox's row first (its table and"
+  echo "index as \`PgInbox\` makes them), $rounds alternating rounds of 5 s. With a one-INSERT"
+  echo "handler, the dedup row is a second indexed INSERT in a transaction that had one, so its"
+  echo "share is large; a handler that does more pays a smaller one."
   echo
 }
