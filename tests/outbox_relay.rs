@@ -21,6 +21,20 @@ use tower_idempotency::{
 
 const QUIET: Duration = Duration::from_millis(1500);
 
+/// The broker got exactly the `committed` events, each of them once.
+fn assert_each_published_once(ids: &[String], committed: &HashSet<String>) {
+    let counts = tally(ids);
+    assert_eq!(
+        &counts.keys().cloned().collect::<HashSet<_>>(),
+        committed,
+        "the broker got exactly the committed events"
+    );
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "an event was published twice: {counts:?}"
+    );
+}
+
 #[tokio::test]
 async fn relay_publishes_each_committed_row_once_and_rolled_back_rows_never() {
     each_broker(Duration::from_secs(30), |db, broker| async move {
@@ -41,17 +55,7 @@ async fn relay_publishes_each_committed_row_once_and_rolled_back_rows_never() {
             "a second drain sends nothing"
         );
 
-        let ids = broker.drain_ids(QUIET).await;
-        let counts = tally(&ids);
-        assert_eq!(
-            counts.keys().cloned().collect::<HashSet<_>>(),
-            committed,
-            "the broker got exactly the committed events"
-        );
-        assert!(
-            counts.values().all(|&n| n == 1),
-            "an event was published twice: {counts:?}"
-        );
+        assert_each_published_once(&broker.drain_ids(QUIET).await, &committed);
     })
     .await;
 }
@@ -75,12 +79,7 @@ async fn racing_relays_lose_no_row_and_publish_none_twice() {
             "only one relay did any work, so nothing raced: {per_relay:?}"
         );
         assert_eq!(db.unsent().await, 0);
-        let counts = tally(&broker.drain_ids(QUIET).await);
-        assert_eq!(counts.keys().cloned().collect::<HashSet<_>>(), events);
-        assert!(
-            counts.values().all(|&n| n == 1),
-            "published twice: {counts:?}"
-        );
+        assert_each_published_once(&broker.drain_ids(QUIET).await, &events);
     })
     .await;
 }
@@ -292,16 +291,7 @@ async fn rows_committed_just_before_shutdown_are_sent_before_the_relay_stops() {
             0,
             "rows committed just before the shutdown were left unsent"
         );
-        let counts = tally(&broker.drain_ids(QUIET).await);
-        assert_eq!(
-            counts.keys().cloned().collect::<HashSet<_>>(),
-            committed,
-            "the broker got exactly the committed events"
-        );
-        assert!(
-            counts.values().all(|&n| n == 1),
-            "an event was published twice: {counts:?}"
-        );
+        assert_each_published_once(&broker.drain_ids(QUIET).await, &committed);
     })
     .await;
 }
