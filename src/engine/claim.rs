@@ -1,4 +1,4 @@
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, time::Duration};
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -31,7 +31,7 @@ pub struct Claim {
     token: Token,
     fingerprint: Fingerprint,
     settled: bool,
-    lost: Arc<LostFlag>,
+    lost: LostFlag,
     renewal: Renewal,
     /// Counts this claim as in flight until it is completed or released (see
     /// [`Engine::drained`]).
@@ -47,7 +47,7 @@ impl Claim {
         claimed_at: Instant,
         in_flight: InFlightGuard,
     ) -> Self {
-        let lost = Arc::new(LostFlag::new());
+        let lost = LostFlag::new();
         let renewal = Renewal::start(engine.clone(), key.clone(), token, claimed_at, lost.clone());
         Self {
             engine,

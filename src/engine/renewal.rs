@@ -48,7 +48,7 @@ struct Waiting {
     key: StoreKey,
     token: Token,
     claimed_at: Instant,
-    lost: Arc<LostFlag>,
+    lost: LostFlag,
 }
 
 /// The renewal of one claim; stopped when the claim settles (or is dropped).
@@ -67,7 +67,7 @@ impl Renewal {
         key: StoreKey,
         token: Token,
         claimed_at: Instant,
-        lost: Arc<LostFlag>,
+        lost: LostFlag,
     ) -> Self {
         let renewals = engine.shared.renewals.clone();
         let due = claimed_at + engine.shared.config.renew_every();
@@ -169,13 +169,7 @@ async fn renewer(engine: Engine) {
     }
 }
 
-async fn renew(
-    engine: Engine,
-    key: StoreKey,
-    token: Token,
-    claimed_at: Instant,
-    lost: Arc<LostFlag>,
-) {
+async fn renew(engine: Engine, key: StoreKey, token: Token, claimed_at: Instant, lost: LostFlag) {
     let config = &engine.shared.config;
     let mut held_until = claimed_at + config.lease;
     let mut next = claimed_at + config.renew_every();

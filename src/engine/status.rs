@@ -24,8 +24,9 @@ pub struct ClaimStatus {
     lost: watch::Receiver<bool>,
 }
 
-/// The renewal task's side.
-#[derive(Debug)]
+/// The renewal task's side. Clones share the flag (the claim holds one, its renewal another);
+/// once every clone is dropped the claim has settled, which [`ClaimStatus::lost`] tells.
+#[derive(Clone, Debug)]
 pub(crate) struct LostFlag(watch::Sender<bool>);
 
 impl LostFlag {
