@@ -145,32 +145,41 @@ pub(crate) fn decode(mut payload: Bytes) -> Result<StoredResponse, String> {
 
 fn take_pairs(payload: &mut Bytes) -> Result<HeaderMap, String> {
     let count = take_u32(payload)?;
-    let mut headers = HeaderMap::with_capacity(count.min(128) as usize);
+    // Room for two more: the server adds `content-length` to a replayed response (axum does
+    // it before hyper), and the layer may add `Idempotent-Replayed`; a full map would be
+    // copied into a larger one for them.
+    let mut headers = HeaderMap::with_capacity(count.min(128) as usize + 2);
     for _ in 0..count {
         let name_len = usize::from(take_u16(payload)?);
-        let name = take(payload, name_len)?;
+        enough(payload, name_len)?;
+        let name = HeaderName::from_bytes(&payload[..name_len]).map_err(|e| e.to_string())?;
+        payload.advance(name_len);
         let value_len = take_u32(payload)? as usize;
-        let value = take(payload, value_len)?;
-        let name = HeaderName::from_bytes(&name).map_err(|e| e.to_string())?;
-        let value = HeaderValue::from_maybe_shared(value).map_err(|e| e.to_string())?;
+        enough(payload, value_len)?;
+        // The value shares the payload's buffer; the name and the lengths are read in place,
+        // without a `Bytes` handle (and its reference count) each.
+        let value = HeaderValue::from_maybe_shared(payload.split_to(value_len))
+            .map_err(|e| e.to_string())?;
         headers.append(name, value);
     }
     Ok(headers)
 }
 
-fn take(payload: &mut Bytes, len: usize) -> Result<Bytes, String> {
+fn enough(payload: &Bytes, len: usize) -> Result<(), String> {
     if payload.len() < len {
         return Err("stored response is truncated".into());
     }
-    Ok(payload.split_to(len))
+    Ok(())
 }
 
 fn take_u16(payload: &mut Bytes) -> Result<u16, String> {
-    take(payload, 2).map(|mut b| b.get_u16())
+    enough(payload, 2)?;
+    Ok(payload.get_u16())
 }
 
 fn take_u32(payload: &mut Bytes) -> Result<u32, String> {
-    take(payload, 4).map(|mut b| b.get_u32())
+    enough(payload, 4)?;
+    Ok(payload.get_u32())
 }
 
 #[cfg(test)]
