@@ -42,8 +42,52 @@ pub(crate) struct Recorder {
     status: StatusCode,
     headers: HeaderMap,
     config: Arc<Config>,
-    copy: BytesMut,
+    copy: Kept,
     over_limit: bool,
+}
+
+/// The body as the caller got it. A body of one frame (the common case) is kept as that
+/// frame, shared rather than copied; a second frame starts a copy of both.
+#[derive(Default)]
+enum Kept {
+    #[default]
+    Empty,
+    One(Bytes),
+    Many(BytesMut),
+}
+
+impl Kept {
+    fn len(&self) -> usize {
+        match self {
+            Kept::Empty => 0,
+            Kept::One(frame) => frame.len(),
+            Kept::Many(copy) => copy.len(),
+        }
+    }
+
+    fn push(&mut self, data: &Bytes) {
+        *self = match std::mem::take(self) {
+            Kept::Empty => Kept::One(data.clone()),
+            Kept::One(first) => {
+                let mut copy = BytesMut::with_capacity(first.len() + data.len());
+                copy.extend_from_slice(&first);
+                copy.extend_from_slice(data);
+                Kept::Many(copy)
+            }
+            Kept::Many(mut copy) => {
+                copy.extend_from_slice(data);
+                Kept::Many(copy)
+            }
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Kept::Empty => &[],
+            Kept::One(frame) => frame,
+            Kept::Many(copy) => copy,
+        }
+    }
 }
 
 impl Recorder {
@@ -58,7 +102,7 @@ impl Recorder {
             status,
             headers,
             config,
-            copy: BytesMut::new(),
+            copy: Kept::Empty,
             over_limit: false,
         }
     }
@@ -70,9 +114,9 @@ impl Recorder {
         if self.copy.len() + data.len() > self.config.max_response_body {
             tracing::warn!(key = %self.claim.key().log_id(), status = %self.status, limit = self.config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
             self.over_limit = true;
-            self.copy = BytesMut::new();
+            self.copy = Kept::Empty;
         } else {
-            self.copy.extend_from_slice(data);
+            self.copy.push(data);
         }
     }
 
@@ -85,7 +129,7 @@ impl Recorder {
                 self.status,
                 &self.headers,
                 trailers,
-                &self.copy,
+                self.copy.as_slice(),
                 self.config.replay_set_cookie,
             )
         };
@@ -255,5 +299,25 @@ async fn drain(mut body: ResponseBody, mut recorder: Recorder) {
 fn spawn_or_drop(work: BoxFuture) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(work);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kept_body_is_every_frame_in_order() {
+        let mut kept = Kept::default();
+        assert_eq!(kept.as_slice(), b"");
+        let first = Bytes::from_static(b"one,");
+        kept.push(&first);
+        // One frame is shared, not copied.
+        assert_eq!(kept.as_slice().as_ptr(), first.as_ptr());
+        for frame in [&b"two,"[..], b"", b"three"] {
+            kept.push(&Bytes::copy_from_slice(frame));
+        }
+        assert_eq!(kept.as_slice(), b"one,two,three");
+        assert_eq!(kept.len(), 13);
     }
 }
