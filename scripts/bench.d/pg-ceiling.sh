@@ -8,9 +8,11 @@
 #
 # Environment (optional): BENCH_CEILING_SECONDS (one pgbench run, default 5).
 
-# ceiling_tps SCRIPT: transactions per second of one pgbench run of $WORK/SCRIPT.sql.
+# ceiling_tps SCRIPT [PROTOCOL] [CLIENTS]: transactions per second of one pgbench run of
+# $WORK/SCRIPT.sql (default: simple protocol, $PG_CONCURRENCY clients). The pipeline section
+# uses it too.
 ceiling_tps() {
-  pgbench "$PG_URL" -n -M simple -c "$PG_CONCURRENCY" -j 2 -T "${BENCH_CEILING_SECONDS:-5}" \
+  pgbench "$PG_URL" -n -M "${2:-simple}" -c "${3:-$PG_CONCURRENCY}" -j 2 -T "${BENCH_CEILING_SECONDS:-5}" \
     -f "$WORK/$1.sql" >"$WORK/ceiling-$1.pgbench" 2>&1 || { cat "$WORK/ceiling-$1.pgbench" >&2; exit 1; }
   sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$WORK/ceiling-$1.pgbench" | head -n 1
 }

@@ -9,8 +9,9 @@
 
 # inbox_ceiling ROUNDS CLIENTS: PostgreSQL alone (pgbench, prepared statements like sqlx, no
 # broker, no Rust) runs the consumer's handler transaction with and without the inbox's row,
-# alternating, ROUNDS rounds of 5 s with CLIENTS clients; sets CEILING_PLAIN and CEILING_INBOX
-# (transactions/s). What the dedup row costs there is the least any inbox pays on this machine.
+# alternating, ROUNDS rounds of BENCH_CEILING_SECONDS (default 5 s) with CLIENTS clients;
+# sets CEILING_PLAIN and CEILING_INBOX (transactions/s summed over the rounds). What the
+# dedup row costs there is the least any inbox pays on this machine.
 inbox_ceiling() {
   local rounds=$1 clients=$2 p=bench_inbox_ceiling
   psql_q -c "SET client_min_messages = warning" \
@@ -27,16 +28,12 @@ inbox_ceiling() {
   printf '%s\n' '\set r random(1, 9000000000000000000)' 'BEGIN;' \
     "INSERT INTO ${p}_inbox (consumer, message_id) VALUES ('c', 'm' || :r) ON CONFLICT DO NOTHING;" \
     "$effect" 'COMMIT;' >"$WORK/inbox-claimed.sql"
-  local round arm tps
+  local round
   CEILING_PLAIN=0 CEILING_INBOX=0
   for round in $(seq 1 "$rounds"); do
-    for arm in plain claimed; do
-      pgbench "$PG_URL" -n -M prepared -c "$clients" -j 2 -T 5 -f "$WORK/inbox-$arm.sql" \
-        >"$WORK/inbox-$arm.pgbench" 2>&1 || { cat "$WORK/inbox-$arm.pgbench" >&2; exit 1; }
-      tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$WORK/inbox-$arm.pgbench" | head -n 1)
-      if [ "$arm" = plain ]; then CEILING_PLAIN=$(calc "$CEILING_PLAIN + $tps")
-      else CEILING_INBOX=$(calc "$CEILING_INBOX + $tps"); fi
-    done
+    # ceiling_tps: scripts/bench.d/pg-ceiling.sh; prepared statements, as sqlx sends them.
+    CEILING_PLAIN=$(calc "$CEILING_PLAIN + $(ceiling_tps inbox-plain prepared "$clients")")
+    CEILING_INBOX=$(calc "$CEILING_INBOX + $(ceiling_tps inbox-claimed prepared "$clients")")
   done
   psql_q -c "DROP TABLE IF EXISTS ${p}_effects, ${p}_inbox"
 }
@@ -94,7 +91,7 @@ bench_pipeline() {
   echo
   echo "The last row is the same two transactions with nothing around them: \`BEGIN\`, the"
   echo "handler's INSERT, \`COMMIT\`, and the same with the inbox's row first (its table and"
-  echo "index as \`PgInbox\` makes them), $rounds alternating rounds of 5 s. With a one-INSERT"
+  echo "index as \`PgInbox\` makes them), $rounds alternating rounds of ${BENCH_CEILING_SECONDS:-5} s. With a one-INSERT"
   echo "handler, the dedup row is a second indexed INSERT in a transaction that had one, so its"
   echo "share is large; a handler that does more pays a smaller one."
   echo
