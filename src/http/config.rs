@@ -1,4 +1,4 @@
-//! What the layer is configured with, shared (behind an `Arc`) by the layer, every service it
+//! What the layer is configured with, shared (behind one `Arc`) by the layer, every service it
 //! makes, and every request in flight.
 
 use std::{sync::Arc, time::Duration};
@@ -8,6 +8,7 @@ use http::{HeaderName, Method, Response};
 use tokio::sync::Semaphore;
 
 use super::{policy, rejection::Rejection, scope};
+use crate::engine::Engine;
 
 /// The header the key is read from by default.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -18,8 +19,15 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 
 pub(crate) type RejectionFn = Arc<dyn Fn(Rejection) -> Response<Bytes> + Send + Sync>;
 
+/// Everything a request needs from its layer, the engine included: axum clones the service
+/// for every request and the service hands this to the request's work, so one reference
+/// count moves instead of one per part.
 #[derive(Clone)]
 pub(crate) struct Config {
+    pub(crate) engine: Engine,
+    /// Set in the transactional mode: claims, runs and records in one transaction.
+    #[cfg(feature = "sqlx")]
+    pub(crate) transactional: Option<super::transactional::SharedTxMode>,
     pub(crate) enabled: bool,
     pub(crate) header: HeaderName,
     pub(crate) methods: Vec<Method>,
@@ -41,9 +49,13 @@ pub(crate) struct Config {
 
 const DEFAULT_MAX_DETACHED: usize = 1024;
 
-impl Default for Config {
-    fn default() -> Self {
+impl Config {
+    /// The defaults the layer documents, over `engine`.
+    pub(crate) fn new(engine: Engine) -> Self {
         Self {
+            engine,
+            #[cfg(feature = "sqlx")]
+            transactional: None,
             enabled: true,
             header: IDEMPOTENCY_KEY,
             methods: vec![Method::POST, Method::PATCH],

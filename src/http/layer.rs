@@ -1,4 +1,4 @@
-//! [`IdempotencyLayer`]: the configuration, cheap to clone (everything behind `Arc`s).
+//! [`IdempotencyLayer`]: the configuration, cheap to clone (everything behind one `Arc`).
 
 use std::{sync::Arc, time::Duration};
 
@@ -27,11 +27,7 @@ use crate::{engine::Engine, store::Store};
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    engine: Engine,
     config: Arc<Config>,
-    /// Set in the transactional mode: claims, runs and records in one transaction.
-    #[cfg(feature = "sqlx")]
-    transactional: Option<super::transactional::SharedTxMode>,
 }
 
 impl IdempotencyLayer {
@@ -46,10 +42,7 @@ impl IdempotencyLayer {
     /// A layer over an [`Engine`] you configured (or share with a message consumer).
     pub fn from_engine(engine: Engine) -> Self {
         Self {
-            engine,
-            config: Arc::default(),
-            #[cfg(feature = "sqlx")]
-            transactional: None,
+            config: Arc::new(Config::new(engine)),
         }
     }
 
@@ -80,9 +73,7 @@ impl IdempotencyLayer {
     pub fn transactional<S: crate::transactional::TransactionalStore>(
         mode: crate::transactional::Transactional<S>,
     ) -> Self {
-        let mut layer = Self::from_engine(mode.engine().clone());
-        layer.transactional = Some(Arc::new(mode));
-        layer
+        Self::from_engine(mode.engine().clone()).with(|c| c.transactional = Some(Arc::new(mode)))
     }
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
@@ -221,25 +212,19 @@ impl IdempotencyLayer {
 
     /// The engine, e.g. to share it with a message consumer.
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.config.engine
     }
 
     /// The configuration every service made from this layer shares.
     pub(crate) fn config(&self) -> &Arc<Config> {
         &self.config
     }
-
-    /// The transactional mode, if the layer was made with [`transactional`](Self::transactional).
-    #[cfg(feature = "sqlx")]
-    pub(crate) fn transactional_mode(&self) -> Option<&super::transactional::SharedTxMode> {
-        self.transactional.as_ref()
-    }
 }
 
 impl std::fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("engine", &self.engine)
+            .field("engine", &self.config.engine)
             .field("enabled", &self.config.enabled)
             .field("header", &self.config.header)
             .field("methods", &self.config.methods)

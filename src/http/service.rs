@@ -34,39 +34,26 @@ use super::{
     tee::{Recorder, Tee},
 };
 use crate::{
-    engine::{Begin, Claim, Engine},
+    engine::{Begin, Claim},
     record::StoreKey,
     BoxError,
 };
 
 /// The service [`IdempotencyLayer`] wraps around an inner service.
 ///
-/// Cheap to clone (axum clones it for every request): the inner service and a few `Arc`s.
+/// Cheap to clone (axum clones it for every request): the inner service and one `Arc`.
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
-    engine: Engine,
     config: Arc<Config>,
-    transactional: Option<TxMode>,
 }
-
-/// The transactional mode, type-erased; without the `sqlx` feature there is none.
-#[cfg(feature = "sqlx")]
-type TxMode = transactional::SharedTxMode;
-#[cfg(not(feature = "sqlx"))]
-type TxMode = std::convert::Infallible;
 
 impl<S> IdempotencyService<S> {
     /// Wraps `inner` with what `layer` was configured with (the same as `layer.layer(inner)`).
     pub fn new(inner: S, layer: &IdempotencyLayer) -> Self {
         Self {
             inner,
-            engine: layer.engine().clone(),
             config: layer.config().clone(),
-            #[cfg(feature = "sqlx")]
-            transactional: layer.transactional_mode().cloned(),
-            #[cfg(not(feature = "sqlx"))]
-            transactional: None,
         }
     }
 
@@ -100,7 +87,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyService")
             .field("inner", &self.inner)
-            .field("engine", &self.engine)
+            .field("engine", &self.config.engine)
             .field("enabled", &self.config.enabled)
             .finish_non_exhaustive()
     }
@@ -214,9 +201,9 @@ where
             // under some shared key.
             Ok(None) if !config.key_required => {
                 #[cfg(feature = "sqlx")]
-                if let Some(mode) = self.transactional.clone() {
+                if let Some(mode) = config.transactional.clone() {
                     let inner = take_ready(&mut self.inner);
-                    let (config, retry_after) = (config.clone(), self.engine.retry_after_delay());
+                    let (config, retry_after) = (config.clone(), config.engine.retry_after_delay());
                     let work = Box::pin(unkeyed(inner, mode, request, config, retry_after));
                     return ResponseFuture::protected(work, &self.config);
                 }
@@ -228,13 +215,8 @@ where
             }
         };
         let inner = take_ready(&mut self.inner);
-        let (engine, config, mode) = (
-            self.engine.clone(),
-            self.config.clone(),
-            self.transactional.clone(),
-        );
-        let work = protect(inner, engine, config, mode, key, request);
-        ResponseFuture::protected(work, &self.config)
+        let work = protect(inner, config.clone(), key, request);
+        ResponseFuture::protected(work, config)
     }
 }
 
@@ -249,9 +231,7 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
 /// the request's parts once, not again as an argument of an `async fn`.
 fn protect<S, ReqBody, ResBody>(
     inner: S,
-    engine: Engine,
     config: Arc<Config>,
-    mode: Option<TxMode>,
     key: String,
     request: Request<ReqBody>,
 ) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
@@ -286,11 +266,9 @@ where
             Err(rejection) => return Ok(render(&config, rejection)),
         };
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
-        #[cfg(not(feature = "sqlx"))]
-        let _: Option<TxMode> = mode;
         #[cfg(feature = "sqlx")]
-        if let Some(mode) = mode {
-            let retry_after = engine.retry_after_delay();
+        if let Some(mode) = config.transactional.clone() {
+            let retry_after = config.engine.retry_after_delay();
             // Boxed: the transactional states stay out of the separate mode's future.
             let claim_and_run: BoxFuture<_> = Box::pin(async move {
                 let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
@@ -325,6 +303,7 @@ where
             });
             return claim_and_run.await;
         }
+        let engine = &config.engine;
         let (claim, inner) = match engine.try_begin(&key, &fingerprint).await {
             Ok(Some(Begin::Run(claim))) => (claim, inner),
             Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, payload)),
