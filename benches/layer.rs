@@ -10,7 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::{body::Body, extract::State, http::Request, routing::post, Router};
+use axum::{
+    body::Body,
+    extract::State,
+    http::{Request, StatusCode},
+    routing::post,
+    Router,
+};
 use criterion::{criterion_group, criterion_main, Criterion};
 use http_body_util::BodyExt;
 use tokio::sync::Notify;
@@ -34,9 +40,22 @@ fn request(key: Option<String>) -> Request<Body> {
     builder.body(Body::from(BODY)).unwrap()
 }
 
-async fn call(app: &Router, request: Request<Body>) {
+/// Sends `request` and reads the whole answer, which must have status `expected`: a bench
+/// that timed refusals (a full store answers 503) would report the wrong path's cost.
+async fn call(app: &Router, request: Request<Body>, expected: StatusCode) {
     let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(
+        response.status(),
+        expected,
+        "the bench measured the wrong path"
+    );
     let _ = response.into_body().collect().await.unwrap();
+}
+
+/// A memory store for the new-key loop: criterion runs it for seconds, millions of distinct
+/// keys, more than the default 256 MiB budget holds (a full store refuses new keys).
+fn roomy_store() -> MemoryStore {
+    MemoryStore::builder().max_bytes(8 << 30).build()
 }
 
 fn bench_layer(c: &mut Criterion) {
@@ -45,10 +64,16 @@ fn bench_layer(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let bare = Router::new().route("/payments", axum::routing::post(handler));
+    // `with_state(())` is what `axum::serve` does once per connection: each handler becomes
+    // a route (with the layer applied) now. Without it axum rebuilds the route, and applies
+    // the layer again, for every request: a cost no server pays.
+    let bare = Router::new()
+        .route("/payments", axum::routing::post(handler))
+        .with_state(());
     let layered = Router::new()
         .route("/payments", post(handler))
-        .layer(IdempotencyLayer::new(MemoryStore::new()));
+        .layer(IdempotencyLayer::new(roomy_store()))
+        .with_state(());
     let counter = AtomicU64::new(0);
 
     let mut group = c.benchmark_group("layer");
@@ -56,21 +81,32 @@ fn bench_layer(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3))
         .sample_size(50);
     group.bench_function("bare service", |b| {
-        b.to_async(&runtime).iter(|| call(&bare, request(None)))
+        b.to_async(&runtime)
+            .iter(|| call(&bare, request(None), StatusCode::CREATED))
     });
     group.bench_function("layer, new key", |b| {
         b.to_async(&runtime).iter(|| {
             let key = format!("key-{}", counter.fetch_add(1, Ordering::Relaxed));
-            call(&layered, request(Some(key)))
+            call(&layered, request(Some(key)), StatusCode::CREATED)
         })
     });
-    runtime.block_on(call(&layered, request(Some("replayed".into()))));
+    runtime.block_on(call(
+        &layered,
+        request(Some("replayed".into())),
+        StatusCode::CREATED,
+    ));
     group.bench_function("layer, replay", |b| {
-        b.to_async(&runtime)
-            .iter(|| call(&layered, request(Some("replayed".into()))))
+        b.to_async(&runtime).iter(|| {
+            call(
+                &layered,
+                request(Some("replayed".into())),
+                StatusCode::CREATED,
+            )
+        })
     });
     group.bench_function("layer, no key (pass-through)", |b| {
-        b.to_async(&runtime).iter(|| call(&layered, request(None)))
+        b.to_async(&runtime)
+            .iter(|| call(&layered, request(None), StatusCode::CREATED))
     });
     group.finish();
 
@@ -100,13 +136,13 @@ fn bench_layer(c: &mut Criterion) {
                     let key = format!("wait-{}", counter.fetch_add(1, Ordering::Relaxed));
                     let owner = tokio::spawn({
                         let (app, key) = (waiting.clone(), key.clone());
-                        async move { call(&app, request(Some(key))).await }
+                        async move { call(&app, request(Some(key)), StatusCode::OK).await }
                     });
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     let duplicate = tokio::spawn({
                         let (app, key) = (waiting.clone(), key.clone());
                         async move {
-                            call(&app, request(Some(key))).await;
+                            call(&app, request(Some(key)), StatusCode::OK).await;
                             Instant::now()
                         }
                     });
