@@ -15,7 +15,10 @@
 use std::{
     collections::{hash_map, HashMap},
     future::Future,
-    sync::{Arc, Mutex, OnceLock, PoisonError, Weak},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, OnceLock, PoisonError, Weak,
+    },
     time::Duration,
 };
 
@@ -100,6 +103,10 @@ struct Map {
 #[derive(Default)]
 pub(crate) struct Waiters {
     map: Mutex<Map>,
+    /// The number of keys in `map`, readable without its lock: every owner settling a key
+    /// asks for its waiters, and nearly always there are none. Raised before a key's poller
+    /// starts, so an owner that reads zero settled before that poller's first look.
+    key_count: AtomicUsize,
     /// The task following the store's completion feed, if the store has one; `None` inside
     /// when it has not (decided once, by the first caller of `follow`).
     feed: OnceLock<Option<Follower>>,
@@ -136,6 +143,7 @@ impl Waiters {
         let entry = match map.by_key.entry(key.clone()) {
             hash_map::Entry::Occupied(entry) => entry.into_mut(),
             hash_map::Entry::Vacant(vacant) => {
+                self.key_count.fetch_add(1, Ordering::SeqCst);
                 let watch = Arc::new(KeyWatch {
                     seen: watch::Sender::new(None),
                     look_now: Notify::new(),
@@ -167,6 +175,10 @@ impl Waiters {
     /// Asks the poller of `key`, if any, to look now (called after the owner completed or
     /// released it).
     pub(crate) fn wake(&self, key: &StoreKey) {
+        // The owner's store write came first: a poller started after this reads it.
+        if self.key_count.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         if let Some(entry) = self.lock().by_key.get(key) {
             entry.watch.look_now.notify_one();
         }
@@ -205,7 +217,7 @@ impl Waiters {
 
     /// How many keys have waiters right now.
     pub(crate) fn keys(&self) -> usize {
-        self.lock().by_key.len()
+        self.key_count.load(Ordering::SeqCst)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Map> {
@@ -245,6 +257,7 @@ impl Drop for Subscription<'_> {
             entry.get_mut().subscribers -= 1;
             if entry.get().subscribers == 0 {
                 let entry = entry.remove();
+                self.waiters.key_count.fetch_sub(1, Ordering::SeqCst);
                 entry.poller.abort();
                 if let Some(digest) = entry.digest {
                     map.by_digest.remove(&digest);
@@ -294,6 +307,31 @@ mod tests {
         drop(a);
         assert_eq!(waiters.keys(), 1, "b still waits");
         drop(b);
+        assert_eq!(waiters.keys(), 0);
+    }
+
+    /// `wake` skips the map's lock while no key has waiters: that shortcut must still let
+    /// through every wake for a key that has them.
+    #[tokio::test]
+    async fn a_settled_key_with_waiters_is_looked_at_again_at_once() {
+        let waiters = Waiters::default();
+        let key = StoreKey::new("s", "k");
+        waiters.wake(&key);
+        let mut watch = None;
+        let waiter = waiters
+            .subscribe(&key, 8, |w| {
+                watch = Some(w);
+                idle()
+            })
+            .unwrap();
+        let watch = watch.unwrap();
+        waiters.wake(&StoreKey::new("s", "other"));
+        waiters.wake(&key);
+        tokio::time::timeout(Duration::from_secs(5), watch.look_requested())
+            .await
+            .expect("the wake reached the key's poller");
+        drop(waiter);
+        waiters.wake(&key);
         assert_eq!(waiters.keys(), 0);
     }
 }
