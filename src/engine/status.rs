@@ -1,6 +1,11 @@
 //! [`ClaimStatus`]: how the owner of a claim learns that it lost it.
 
-use tokio::sync::watch;
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
+
+use tokio::sync::Notify;
 
 /// Whether a running operation still owns its key. Cheap to clone; the HTTP layer puts one in
 /// the request's extensions, so a handler can check it before an irreversible step, or race
@@ -21,26 +26,37 @@ use tokio::sync::watch;
 /// ```
 #[derive(Clone, Debug)]
 pub struct ClaimStatus {
-    lost: watch::Receiver<bool>,
+    flag: Arc<Flag>,
 }
 
-/// The renewal task's side. Clones share the flag (the claim holds one, its renewal another);
-/// once every clone is dropped the claim has settled, which [`ClaimStatus::lost`] tells.
-#[derive(Clone, Debug)]
-pub(crate) struct LostFlag(watch::Sender<bool>);
+/// The flag and the wake-up of those waiting for it.
+///
+/// Not a `watch` channel: dropping a claim's last `watch::Sender` wakes the receivers to
+/// say it closed, which takes eight locks on every request, while nothing here needs to hear
+/// of a claim that settled (its [`ClaimStatus::lost`] pends forever either way).
+#[derive(Debug, Default)]
+struct Flag {
+    lost: AtomicBool,
+    changed: Notify,
+}
+
+/// The renewal task's side. Clones share the flag (the claim holds one, its renewal another).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LostFlag(Arc<Flag>);
 
 impl LostFlag {
     pub(crate) fn new() -> Self {
-        Self(watch::Sender::new(false))
+        Self::default()
     }
 
     pub(crate) fn set(&self) {
-        self.0.send_replace(true);
+        self.0.lost.store(true, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
     }
 
     pub(crate) fn status(&self) -> ClaimStatus {
         ClaimStatus {
-            lost: self.0.subscribe(),
+            flag: self.0.clone(),
         }
     }
 }
@@ -48,16 +64,63 @@ impl LostFlag {
 impl ClaimStatus {
     /// True once the claim is lost (see the type's docs). Never turns back to false.
     pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        self.flag.lost.load(Ordering::SeqCst)
     }
 
     /// Resolves when the claim is lost; pending forever while it is held, and after it was
     /// completed or released.
     pub async fn lost(&self) {
-        let mut lost = self.lost.clone();
-        if lost.wait_for(|lost| *lost).await.is_err() {
-            // The claim settled without being lost: that never changes now.
-            std::future::pending::<()>().await;
+        // Listen first, check second: a `set` in between still wakes this.
+        let changed = self.flag.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if !self.is_lost() {
+            // `set` is the only change, and it is final.
+            changed.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn lost_resolves_when_the_flag_is_set_before_or_while_it_waits() {
+        let flag = LostFlag::new();
+        let status = flag.status();
+        assert!(!status.is_lost());
+        let waiting = tokio::spawn({
+            let status = status.clone();
+            async move { status.lost().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "lost before the flag was set");
+        flag.clone().set();
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a waiter woke when the flag was set")
+            .unwrap();
+        assert!(status.is_lost());
+        // Set already: at once.
+        tokio::time::timeout(Duration::from_secs(5), status.lost())
+            .await
+            .expect("lost resolved at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_pends_after_the_claim_settled() {
+        let flag = LostFlag::new();
+        let status = flag.status();
+        drop(flag);
+        assert!(!status.is_lost());
+        assert!(
+            tokio::time::timeout(Duration::from_secs(3600), status.lost())
+                .await
+                .is_err(),
+            "a settled claim was reported lost"
+        );
     }
 }
