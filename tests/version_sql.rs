@@ -31,10 +31,17 @@ fn table_name(test: &str) -> String {
     format!("vt_{test}_{:016x}", rand::random::<u64>())
 }
 
-/// The body shared by every backend. Each backend module defines `Db`, `Fixture`, `setup`
-/// and `exec` before expanding it.
+/// The body shared by every backend. Each backend module defines `Db`, `Fixture` (with its
+/// `pool` and `table`) and `setup` before expanding it.
 macro_rules! suite {
     () => {
+        async fn exec(f: &Fixture, sql: &str) {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&f.pool)
+                .await
+                .unwrap();
+        }
+
         async fn create_row(f: &Fixture, id: i64, status: &str) {
             let created = f
                 .table
@@ -442,13 +449,6 @@ mod postgres {
         Some(Fixture { pool, table, name })
     }
 
-    async fn exec(f: &Fixture, sql: &str) {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&f.pool)
-            .await
-            .unwrap();
-    }
-
     suite!();
 
     #[tokio::test]
@@ -538,13 +538,6 @@ mod mysql {
         .unwrap();
         let table = VersionedTable::new(&name, "id", "version").unwrap();
         Some(Fixture { pool, table, name })
-    }
-
-    async fn exec(f: &Fixture, sql: &str) {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&f.pool)
-            .await
-            .unwrap();
     }
 
     suite!();
@@ -653,13 +646,6 @@ mod sqlite {
             name,
             path,
         })
-    }
-
-    async fn exec(f: &Fixture, sql: &str) {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&f.pool)
-            .await
-            .unwrap();
     }
 
     suite!();
