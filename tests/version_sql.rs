@@ -415,39 +415,48 @@ macro_rules! suite {
     };
 }
 
+/// `Fixture` and `setup` for a backend on a server: a pool for the racers, from the URL in
+/// `$env`, and a table made by `$create` (with `{name}` in it) for one test.
+macro_rules! server_fixture {
+    ($pool:ty, $options:ty, $env:literal, $create:literal) => {
+        struct Fixture {
+            pool: $pool,
+            table: VersionedTable,
+            name: String,
+        }
+
+        impl Fixture {
+            async fn drop_table(self) {
+                exec(&self, &format!("DROP TABLE {}", self.name)).await;
+            }
+        }
+
+        async fn setup(test: &str) -> Option<Fixture> {
+            let url = url($env)?;
+            let pool = <$options>::new()
+                .max_connections(RACERS as u32 + 1)
+                .connect(&url)
+                .await
+                .unwrap();
+            let name = table_name(test);
+            let table = VersionedTable::new(&name, "id", "version").unwrap();
+            let fixture = Fixture { pool, table, name };
+            exec(&fixture, &format!($create, name = fixture.name)).await;
+            Some(fixture)
+        }
+    };
+}
+
 mod postgres {
     use super::*;
     use sqlx::{PgPool, Postgres as Db};
 
-    struct Fixture {
-        pool: PgPool,
-        table: VersionedTable,
-        name: String,
-    }
-
-    impl Fixture {
-        async fn drop_table(self) {
-            exec(&self, &format!("DROP TABLE {}", self.name)).await;
-        }
-    }
-
-    async fn setup(test: &str) -> Option<Fixture> {
-        let url = url("TEST_POSTGRES_URL")?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(RACERS as u32 + 1)
-            .connect(&url)
-            .await
-            .unwrap();
-        let name = table_name(test);
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "CREATE TABLE {name} (id BIGINT PRIMARY KEY, status TEXT NOT NULL, counter BIGINT NOT NULL, version BIGINT NOT NULL)"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        let table = VersionedTable::new(&name, "id", "version").unwrap();
-        Some(Fixture { pool, table, name })
-    }
+    server_fixture!(
+        PgPool,
+        sqlx::postgres::PgPoolOptions,
+        "TEST_POSTGRES_URL",
+        "CREATE TABLE {name} (id BIGINT PRIMARY KEY, status TEXT NOT NULL, counter BIGINT NOT NULL, version BIGINT NOT NULL)"
+    );
 
     suite!();
 
@@ -510,35 +519,12 @@ mod mysql {
     use super::*;
     use sqlx::{MySql as Db, MySqlPool};
 
-    struct Fixture {
-        pool: MySqlPool,
-        table: VersionedTable,
-        name: String,
-    }
-
-    impl Fixture {
-        async fn drop_table(self) {
-            exec(&self, &format!("DROP TABLE {}", self.name)).await;
-        }
-    }
-
-    async fn setup(test: &str) -> Option<Fixture> {
-        let url = url("TEST_MYSQL_URL")?;
-        let pool = sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(RACERS as u32 + 1)
-            .connect(&url)
-            .await
-            .unwrap();
-        let name = table_name(test);
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "CREATE TABLE {name} (id BIGINT PRIMARY KEY, status VARCHAR(64) NOT NULL, counter BIGINT NOT NULL, version BIGINT NOT NULL) ENGINE=InnoDB"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        let table = VersionedTable::new(&name, "id", "version").unwrap();
-        Some(Fixture { pool, table, name })
-    }
+    server_fixture!(
+        MySqlPool,
+        sqlx::mysql::MySqlPoolOptions,
+        "TEST_MYSQL_URL",
+        "CREATE TABLE {name} (id BIGINT PRIMARY KEY, status VARCHAR(64) NOT NULL, counter BIGINT NOT NULL, version BIGINT NOT NULL) ENGINE=InnoDB"
+    );
 
     suite!();
 
