@@ -82,9 +82,8 @@ mod tests {
     use super::*;
 
     /// The last guard skips the notification while nobody waits for idleness: that shortcut
-    /// must still wake a waiter that is there.
-    // One thread: once the waiter is counted it has run up to its wait, so the claims below
-    // end while it is parked, not before it looks.
+    /// must still wake a waiter that is there. One thread: once the waiter is counted it has
+    /// run up to its wait, so the claims below end while it is parked, not before it looks.
     #[tokio::test]
     async fn a_waiter_for_idleness_wakes_when_the_last_claim_ends() {
         let in_flight = Arc::new(InFlight::default());

@@ -203,8 +203,7 @@ where
                 #[cfg(feature = "sqlx")]
                 if let Some(mode) = config.transactional.clone() {
                     let inner = take_ready(&mut self.inner);
-                    let (config, retry_after) = (config.clone(), config.engine.retry_after_delay());
-                    let work = Box::pin(unkeyed(inner, mode, request, config, retry_after));
+                    let work = Box::pin(unkeyed(inner, mode, request, config.clone()));
                     return ResponseFuture::protected(work, &self.config);
                 }
                 return ResponseFuture::passthrough(self.inner.call(request));
@@ -268,7 +267,6 @@ where
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         #[cfg(feature = "sqlx")]
         if let Some(mode) = config.transactional.clone() {
-            let retry_after = config.engine.retry_after_delay();
             // Boxed: the transactional states stay out of the separate mode's future.
             let claim_and_run: BoxFuture<_> = Box::pin(async move {
                 let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
@@ -298,8 +296,7 @@ where
                     key,
                     fingerprint,
                 };
-                transactional::execute(inner, owner, request, config, retry_after, Some(duplicate))
-                    .await
+                transactional::execute(inner, owner, request, config, Some(duplicate)).await
             });
             return claim_and_run.await;
         }
@@ -375,7 +372,6 @@ async fn unkeyed<S, ReqBody, ResBody>(
     mode: transactional::SharedTxMode,
     request: Request<ReqBody>,
     config: std::sync::Arc<Config>,
-    retry_after: std::time::Duration,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -386,7 +382,7 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let owner = mode.begin_unkeyed();
-    transactional::execute(inner, owner, request, config, retry_after, None).await
+    transactional::execute(inner, owner, request, config, None).await
 }
 
 /// Releases the key when the owner's work did not end in an outcome to store. Boxed: a rare

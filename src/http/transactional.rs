@@ -126,11 +126,8 @@ impl AsDuplicate {
     /// Waits for the recorded outcome and replays it, like any duplicate. Should the key be
     /// free again by then (the record expired at once), the client is told to retry: its
     /// request was rolled back and cannot run a second time here.
-    async fn answer(
-        self,
-        config: &Config,
-        retry_after: std::time::Duration,
-    ) -> Response<ResponseBody> {
+    async fn answer(self, config: &Config) -> Response<ResponseBody> {
+        let retry_after = config.engine.retry_after_delay();
         match self.mode.wait_for(self.key, self.fingerprint).await {
             Ok(HttpBegin::Replay(payload)) => replay_response(config, payload),
             Ok(HttpBegin::Run(owner)) => {
@@ -150,7 +147,6 @@ pub(crate) async fn execute<S, ReqBody, ResBody>(
     owner: Box<dyn HttpOwner>,
     mut request: Request<ReqBody>,
     config: Arc<Config>,
-    retry_after: std::time::Duration,
     duplicate: Option<AsDuplicate>,
 ) -> Result<Response<ResponseBody>, S::Error>
 where
@@ -215,10 +211,11 @@ where
             return Ok(render(&config, Rejection::ResponseBodyFailed));
         }
     };
+    let retry_after = config.engine.retry_after_delay();
     match owner.commit(payload).await {
         Ok(()) => Ok(Response::from_parts(parts, body)),
         Err(CommitError::KeyTaken) => Ok(match duplicate {
-            Some(duplicate) => duplicate.answer(&config, retry_after).await,
+            Some(duplicate) => duplicate.answer(&config).await,
             // Unkeyed work claims no key, so no other request can record it first.
             None => render(&config, Rejection::NotCommitted { retry_after }),
         }),
