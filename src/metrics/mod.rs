@@ -4,10 +4,16 @@
 //! Recording happens only with the cargo feature `metrics`. Without it the functions below are
 //! empty and inlined away, so a build that does not want metrics pays nothing, not even the
 //! facade's check for an installed recorder. With it, and no recorder installed, each event
-//! costs one atomic load (the facade's no-op recorder); install any `metrics` recorder (for
-//! example `metrics-exporter-prometheus`) to collect them. A feature rather than an always-on
+//! costs a thread-local read and two atomic loads (the facade's no-op recorder); install any
+//! `metrics` recorder (for example `metrics-exporter-prometheus`) to collect them. A feature rather than an always-on
 //! dependency because it is the convention of the ecosystem (tower-http, sqlx) and keeps the
 //! dependency out of the tree of users who never look at metrics.
+//!
+//! Every event goes to the recorder current where it happens, global or local
+//! (`metrics::with_local_recorder`), as with the facade's macros. For the global recorder the
+//! crate registers the handles of the events every request records once, at the first such
+//! event after the recorder was installed, and keeps them; a local recorder is looked up at
+//! every event.
 //!
 //! The names are public so dashboards and tests need not repeat string literals.
 
@@ -41,64 +47,17 @@ pub const STORE_UNAVAILABLE: &str = "store_unavailable";
 /// The `outcome` of a request the HTTP layer rejected itself; see its `reason` label.
 pub const REJECTED: &str = "rejected";
 
-/// Keys built at compile time for the events of every request, so that recording one does
-/// not build (and allocate) its key each time; rarer events use the facade's macros.
 #[cfg(feature = "metrics")]
-mod keys {
-    use ::metrics::{Key, Label, Level, Metadata};
-
-    pub(super) static METADATA: Metadata<'static> =
-        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
-
-    macro_rules! labelled {
-        ($key:ident, $labels:ident, $name:expr, $label:literal => $value:expr) => {
-            static $labels: [Label; 1] = [Label::from_static_parts($label, $value)];
-            pub(super) static $key: Key = Key::from_static_parts($name, &$labels);
-        };
-    }
-
-    labelled!(EXECUTED, EXECUTED_L, super::REQUESTS, "outcome" => super::EXECUTED);
-    labelled!(REPLAYED, REPLAYED_L, super::REQUESTS, "outcome" => super::REPLAYED);
-    labelled!(KEY_REUSED, KEY_REUSED_L, super::REQUESTS, "outcome" => super::KEY_REUSED);
-    labelled!(IN_PROGRESS, IN_PROGRESS_L, super::REQUESTS, "outcome" => super::IN_PROGRESS);
-    labelled!(STORE_UNAVAILABLE, STORE_UNAVAILABLE_L, super::REQUESTS, "outcome" => super::STORE_UNAVAILABLE);
-    labelled!(CLAIM, CLAIM_L, super::STORE_SECONDS, "operation" => "claim");
-    labelled!(LOOKUP, LOOKUP_L, super::STORE_SECONDS, "operation" => "lookup");
-    labelled!(COMPLETE, COMPLETE_L, super::STORE_SECONDS, "operation" => "complete");
-    labelled!(RELEASE, RELEASE_L, super::STORE_SECONDS, "operation" => "release");
-
-    /// The counter key of a request `outcome`, if it is one of the outcome constants.
-    pub(super) fn outcome(outcome: &str) -> Option<&'static Key> {
-        Some(match outcome {
-            super::EXECUTED => &EXECUTED,
-            super::REPLAYED => &REPLAYED,
-            super::KEY_REUSED => &KEY_REUSED,
-            super::IN_PROGRESS => &IN_PROGRESS,
-            super::STORE_UNAVAILABLE => &STORE_UNAVAILABLE,
-            _ => return None,
-        })
-    }
-
-    /// The latency histogram key of a store `operation`, if it is one the engine times.
-    pub(super) fn operation(operation: &str) -> Option<&'static Key> {
-        Some(match operation {
-            "claim" => &CLAIM,
-            "lookup" => &LOOKUP,
-            "complete" => &COMPLETE,
-            "release" => &RELEASE,
-            _ => return None,
-        })
-    }
-}
+mod hot;
+#[cfg(feature = "metrics")]
+mod keys;
 
 /// Counts one request with `outcome` (one of the outcome constants of this module).
 #[inline]
 pub(crate) fn request(outcome: &'static str) {
     #[cfg(feature = "metrics")]
-    match keys::outcome(outcome) {
-        Some(key) => ::metrics::with_recorder(|recorder| {
-            recorder.register_counter(key, &keys::METADATA).increment(1)
-        }),
+    match keys::index(&keys::OUTCOMES, outcome) {
+        Some(outcome) => hot::outcome(outcome, |counter| counter.increment(1)),
         None => ::metrics::counter!(REQUESTS, "outcome" => outcome).increment(1),
     }
     #[cfg(not(feature = "metrics"))]
@@ -215,12 +174,8 @@ where
         let result = std::task::ready!(this.call.poll(cx));
         let seconds = started.elapsed().as_secs_f64();
         let operation = *this.operation;
-        match keys::operation(operation) {
-            Some(key) => ::metrics::with_recorder(|recorder| {
-                recorder
-                    .register_histogram(key, &keys::METADATA)
-                    .record(seconds)
-            }),
+        match keys::index(&keys::OPERATIONS, operation) {
+            Some(operation) => hot::operation(operation, |histogram| histogram.record(seconds)),
             None => ::metrics::histogram!(STORE_SECONDS, "operation" => operation).record(seconds),
         }
         if result.is_err() {
@@ -260,7 +215,7 @@ impl Drop for Wait {
 #[inline]
 pub(crate) fn claims_in_flight(delta: f64) {
     #[cfg(feature = "metrics")]
-    ::metrics::gauge!(CLAIMS_IN_FLIGHT).increment(delta);
+    hot::claims_in_flight(|gauge| gauge.increment(delta));
     #[cfg(not(feature = "metrics"))]
     let _ = delta;
 }
