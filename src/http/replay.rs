@@ -66,37 +66,66 @@ pub(crate) fn encode_with_trailers(
     body: &[u8],
     keep_set_cookie: bool,
 ) -> Bytes {
-    let kept: Vec<_> = headers
-        .iter()
-        .filter(|(name, _)| !is_per_message(name))
-        .filter(|(name, _)| keep_set_cookie || *name != header::SET_COOKIE)
-        .collect();
-    let trailers: Vec<_> = trailers.map(|t| t.iter().collect()).unwrap_or_default();
-    let pairs_size = |pairs: &[(&HeaderName, &HeaderValue)]| {
-        4 + pairs
-            .iter()
-            .map(|(n, v)| 6 + n.as_str().len() + v.len())
-            .sum::<usize>()
-    };
-    let size = 7 + pairs_size(&kept) + pairs_size(&trailers) + body.len();
-    let mut out = BytesMut::with_capacity(size);
-    out.put_slice(MAGIC);
-    out.put_u8(if trailers.is_empty() {
-        KIND_RESPONSE
-    } else {
-        KIND_RESPONSE_WITH_TRAILERS
-    });
-    out.put_u16(status.as_u16());
-    put_pairs(&mut out, &kept);
-    if !trailers.is_empty() {
-        put_pairs(&mut out, &trailers);
-    }
-    out.put_slice(body);
-    out.freeze()
+    Encoder::start(status, headers, keep_set_cookie, body.len()).finish(trailers, body)
 }
 
-fn put_pairs(out: &mut BytesMut, pairs: &[(&HeaderName, &HeaderValue)]) {
-    out.put_u32(pairs.len() as u32);
+/// A response being encoded for storage in two steps: its head when the response starts,
+/// so the headers need not be kept (cloned) while the body streams, and its trailers and
+/// body when it ends. The trailers come before the body in the layout, so the kind byte is
+/// set then.
+pub(crate) struct Encoder {
+    out: BytesMut,
+}
+
+impl Encoder {
+    /// Encodes the status and the headers to replay, leaving room for `body_hint` bytes of
+    /// body.
+    pub(crate) fn start(
+        status: StatusCode,
+        headers: &HeaderMap,
+        keep_set_cookie: bool,
+        body_hint: usize,
+    ) -> Self {
+        let kept = |(name, _): &(&HeaderName, &HeaderValue)| {
+            !is_per_message(name) && (keep_set_cookie || *name != header::SET_COOKIE)
+        };
+        let (count, size) = pairs_size(headers.iter().filter(kept));
+        let mut out = BytesMut::with_capacity(7 + size + body_hint);
+        out.put_slice(MAGIC);
+        out.put_u8(KIND_RESPONSE);
+        out.put_u16(status.as_u16());
+        put_pairs(&mut out, count, headers.iter().filter(kept));
+        Self { out }
+    }
+
+    /// Adds the trailers (if any) and the body: the stored response.
+    pub(crate) fn finish(mut self, trailers: Option<&HeaderMap>, body: &[u8]) -> Bytes {
+        if let Some(trailers) = trailers.filter(|trailers| !trailers.is_empty()) {
+            self.out[MAGIC.len()] = KIND_RESPONSE_WITH_TRAILERS;
+            let (count, size) = pairs_size(trailers.iter());
+            self.out.reserve(size + body.len());
+            put_pairs(&mut self.out, count, trailers.iter());
+        }
+        self.out.put_slice(body);
+        self.out.freeze()
+    }
+}
+
+/// How many pairs, and the bytes `put_pairs` writes for them.
+fn pairs_size<'a>(
+    pairs: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+) -> (usize, usize) {
+    pairs.fold((0, 4), |(count, size), (name, value)| {
+        (count + 1, size + 6 + name.as_str().len() + value.len())
+    })
+}
+
+fn put_pairs<'a>(
+    out: &mut BytesMut,
+    count: usize,
+    pairs: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+) {
+    out.put_u32(count as u32);
     for (name, value) in pairs {
         // Header names are at most 64 KiB by the http crate's limits; values are bounded by
         // what a server accepts; both fit the length fields.

@@ -448,7 +448,13 @@ where
     let (parts, response_body) = response.into_parts();
     // Passed through as it comes, copied for replay alongside; the claim is settled when the
     // body ends (see `tee`).
-    let recorder = Recorder::new(claim, parts.status, parts.headers.clone(), config);
+    let recorder = Recorder::new(
+        claim,
+        parts.status,
+        &parts.headers,
+        &response_body.size_hint(),
+        config,
+    );
     let body = body::boxed(Tee::new(body::boxed(response_body), recorder));
     (None, Ok(Response::from_parts(parts, body)))
 }

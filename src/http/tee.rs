@@ -31,7 +31,11 @@ use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::{body::ResponseBody, config::Config, replay};
+use super::{
+    body::ResponseBody,
+    config::Config,
+    replay::{self, Encoder},
+};
 use crate::{engine::Claim, BoxError};
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -40,7 +44,8 @@ type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 pub(crate) struct Recorder {
     claim: Claim,
     status: StatusCode,
-    headers: HeaderMap,
+    /// The stored response so far: its status and headers.
+    head: Encoder,
     config: Arc<Config>,
     copy: Kept,
     over_limit: bool,
@@ -91,16 +96,25 @@ impl Kept {
 }
 
 impl Recorder {
+    /// Starts recording a response with `status` and `headers`, whose body's size is hinted
+    /// by `body_hint`.
     pub(crate) fn new(
         claim: Claim,
         status: StatusCode,
-        headers: HeaderMap,
+        headers: &HeaderMap,
+        body_hint: &SizeHint,
         config: Arc<Config>,
     ) -> Self {
+        // Room for the whole body when its length is known and storable; a body over the
+        // limit is not stored, a longer one than hinted grows the buffer.
+        let body_room = usize::try_from(body_hint.exact().unwrap_or(body_hint.lower()))
+            .ok()
+            .filter(|room| *room <= config.max_response_body)
+            .unwrap_or(0);
         Self {
             claim,
             status,
-            headers,
+            head: Encoder::start(status, headers, config.replay_set_cookie, body_room),
             config,
             copy: Kept::Empty,
             over_limit: false,
@@ -125,13 +139,7 @@ impl Recorder {
         let payload = if self.over_limit {
             replay::encode_not_stored(self.status)
         } else {
-            replay::encode_with_trailers(
-                self.status,
-                &self.headers,
-                trailers,
-                self.copy.as_slice(),
-                self.config.replay_set_cookie,
-            )
+            self.head.finish(trailers, self.copy.as_slice())
         };
         // A failed write is retried and logged by the engine; the caller still gets the real
         // response.
