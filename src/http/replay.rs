@@ -58,7 +58,9 @@ pub(crate) fn encode(
 }
 
 /// Encodes a response for storage as `encode` does, with the trailers the body ended with
-/// (kept whole).
+/// (kept whole): for a body read whole (the transactional mode), where a streamed one uses
+/// the [`Encoder`] in two steps.
+#[cfg(any(test, feature = "sqlx"))]
 pub(crate) fn encode_with_trailers(
     status: StatusCode,
     headers: &HeaderMap,

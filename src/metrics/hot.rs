@@ -83,8 +83,8 @@ fn cached(recorder: &dyn Recorder) -> Option<&'static Hot> {
         // The global recorder is set: any other address is another recorder.
         return (hot.recorder == address).then_some(hot);
     }
-    // Zero-sized recorders (the no-op one among them) all share one dangling address, so it
-    // tells them apart from nothing.
+    // Zero-sized recorders (the no-op one among them) may share one dangling address, so an
+    // address names none of them.
     if std::mem::size_of_val(recorder) == 0 || NOT_GLOBAL.get() == address {
         return None;
     }

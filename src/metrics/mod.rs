@@ -5,9 +5,10 @@
 //! empty and inlined away, so a build that does not want metrics pays nothing, not even the
 //! facade's check for an installed recorder. With it, and no recorder installed, each event
 //! costs a thread-local read and two atomic loads (the facade's no-op recorder); install any
-//! `metrics` recorder (for example `metrics-exporter-prometheus`) to collect them. A feature rather than an always-on
-//! dependency because it is the convention of the ecosystem (tower-http, sqlx) and keeps the
-//! dependency out of the tree of users who never look at metrics.
+//! `metrics` recorder (for example `metrics-exporter-prometheus`) to collect them. A feature
+//! rather than an always-on dependency because it is the convention of the ecosystem
+//! (tower-http, sqlx) and keeps the dependency out of the tree of users who never look at
+//! metrics.
 //!
 //! Every event goes to the recorder current where it happens, global or local
 //! (`metrics::with_local_recorder`), as with the facade's macros. For the global recorder the
