@@ -1,5 +1,5 @@
 //! Which recorder gets the layer's metrics: the one current at each event. The crate keeps
-//! the handles of the global recorder; these tests check that keeping them never sends an
+//! the handles of the global recorder; this test checks that keeping them never sends an
 //! event to a recorder other than the current one (a local recorder, one installed late, one
 //! at the address of a dropped one).
 //!

@@ -117,3 +117,27 @@ fn global_address() -> Option<usize> {
 fn address(recorder: &dyn Recorder) -> usize {
     std::ptr::from_ref(recorder).cast::<()>().addr()
 }
+
+#[cfg(test)]
+mod tests {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    use super::*;
+
+    /// What `tests/metrics_recorders.rs` cannot see from outside: the handles are kept for
+    /// the global recorder (the point of this module), and for no other.
+    #[test]
+    fn the_global_recorder_s_handles_are_kept_and_no_other_s() {
+        // The only global recorder of this test binary; its other tests merely record into it.
+        let _ = PrometheusBuilder::new().install_recorder();
+        let kept = || ::metrics::with_recorder(|recorder| cached(recorder).is_some());
+        assert!(kept(), "the global recorder's handles are not kept");
+        let local = PrometheusBuilder::new().build_recorder();
+        assert!(!::metrics::with_local_recorder(&local, kept));
+        assert!(!::metrics::with_local_recorder(
+            &::metrics::NoopRecorder,
+            kept
+        ));
+        assert!(kept());
+    }
+}
