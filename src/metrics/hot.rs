@@ -42,25 +42,41 @@ thread_local! {
 
 /// Hands `record` the request counter of `keys::OUTCOMES[outcome]`.
 pub(super) fn outcome(outcome: usize, record: impl FnOnce(&Counter)) {
-    ::metrics::with_recorder(|recorder| match cached(recorder) {
-        Some(hot) => record(&hot.outcomes[outcome]),
-        None => record(&register_outcome(recorder, outcome)),
-    })
+    with_handle(
+        |hot| &hot.outcomes[outcome],
+        |recorder| register_outcome(recorder, outcome),
+        record,
+    )
 }
 
 /// Hands `record` the latency histogram of `keys::OPERATIONS[operation]`.
 pub(super) fn operation(operation: usize, record: impl FnOnce(&Histogram)) {
-    ::metrics::with_recorder(|recorder| match cached(recorder) {
-        Some(hot) => record(&hot.operations[operation]),
-        None => record(&register_operation(recorder, operation)),
-    })
+    with_handle(
+        |hot| &hot.operations[operation],
+        |recorder| register_operation(recorder, operation),
+        record,
+    )
 }
 
 /// Hands `record` the claims-in-flight gauge.
 pub(super) fn claims_in_flight(record: impl FnOnce(&Gauge)) {
+    with_handle(
+        |hot| &hot.claims_in_flight,
+        register_claims_in_flight,
+        record,
+    )
+}
+
+/// Hands `record` the current recorder's handle: the kept one (`kept`) for the global
+/// recorder, a freshly registered one (`register`) for any other.
+fn with_handle<H: 'static>(
+    kept: impl FnOnce(&'static Hot) -> &'static H,
+    register: impl FnOnce(&dyn Recorder) -> H,
+    record: impl FnOnce(&H),
+) {
     ::metrics::with_recorder(|recorder| match cached(recorder) {
-        Some(hot) => record(&hot.claims_in_flight),
-        None => record(&register_claims_in_flight(recorder)),
+        Some(hot) => record(kept(hot)),
+        None => record(&register(recorder)),
     })
 }
 
