@@ -1,10 +1,19 @@
 /* The transactional mode on PostgreSQL (src/transactional/, postgres.rs): the key's
    advisory lock is taken inside the owner's transaction; the handler's writes and the
    completed record commit together, or the server rolls them back. No lease: the server
-   releases the lock when the transaction ends, or its connection dies. */
+   releases the lock when the transaction ends, or its connection dies.
+
+   With ROW_CLAIM, the form of MySQL / MariaDB and SQLite (transactional/mysql.rs,
+   sqlite.rs): the claim is the separate mode's row insert, made inside the transaction (its
+   row lock, NOWAIT or SQLite's one writer, keeps everyone else out), with a lease on the
+   store's clock; the commit is the separate mode's fenced complete (token and live lease)
+   followed by COMMIT. No server idle limit ends a stalled owner. TOKEN_FENCE: the commit's
+   complete checks the token only (a proposed fix, not the code). */
 
 proctype Transactional(byte i) {
-  byte tok;        /* this attempt's id, the payload it would commit */
+  byte tok;        /* 1 + i while this process owns the key: the payload it would commit
+                     (a counter like the separate mode's tokens would grow with every retry,
+                     and no fence reads it here) */
   byte snap;       /* the claim statement's snapshot of the record */
   byte snap_pay;
   bool got;        /* pg_try_advisory_xact_lock answered true */
@@ -13,10 +22,17 @@ proctype Transactional(byte i) {
 attempt:
   tok = 0;
   pending = false;
+#ifndef ROW_CLAIM
   /* begin_claim: one statement. Its snapshot is taken when it starts; the lock is tried
      while it runs, so a record committed in between is not in the snapshot. */
   atomic { snap = rec; snap_pay = rec_pay }
+#endif
   atomic {
+#ifdef ROW_CLAIM
+    /* The locking insert sees the newest committed row. */
+    snap = rec;
+    snap_pay = rec_pay;
+#endif
     if
     :: lock_owner == 0 -> lock_owner = i + 1; got = true
     :: else -> got = false
@@ -29,8 +45,10 @@ attempt:
        ANSWER(i, snap_pay);
        goto finished
     :: snap != DONE && got ->
-       issued++;
-       tok = issued;
+       tok = i + 1;
+#ifdef ROW_CLAIM
+       lease_left = LEASE;   /* the uncommitted row's lease */
+#endif
        killed[i] = false
     :: else -> skip   /* Busy */
     fi
@@ -65,8 +83,12 @@ attempt:
      goto attempt
   /* A stall: the session sits idle in its transaction; the server's idle limit (the lease)
      runs on the store's clock (clock.pml IDLE_TICK). */
+#ifdef ROW_CLAIM
+  :: atomic { !stalled[i] && !killed[i] && stalls < STALLS -> stalls++; stalled[i] = true }
+#else
   :: atomic { !stalled[i] && !killed[i] && stalls < STALLS ->
        stalls++; stalled[i] = true; idle_left[i] = LEASE }
+#endif
   :: atomic { stalled[i] -> stalled[i] = false; idle_left[i] = 0 }
   /* Back from a stall to a session the server ended: the next statement fails, the request
      fails, the client retries. */
@@ -78,6 +100,14 @@ attempt:
      snapshot makes the INSERT a unique violation: KeyTaken, everything rolls back. */
   atomic {
     if
+#if defined(ROW_CLAIM) && !defined(TOKEN_FENCE)
+    /* complete_on's fence: the row's lease ran out (the handler took longer than the
+       lease, or stalled): StaleToken, the transaction rolls back, the client retries. */
+    :: lease_left == 0 ->
+       lock_owner = 0;
+       pending = false;
+       tok = 0
+#endif
 #ifndef NO_UNIQUE
     :: rec == DONE ->
        lock_owner = 0;
@@ -94,7 +124,7 @@ attempt:
     fi
   }
   if
-  :: tok == 0 -> goto attempt   /* KeyTaken: wait for the key, replay */
+  :: tok == 0 -> goto attempt   /* KeyTaken: wait for the key, replay; StaleToken: retry */
   :: else -> skip
   fi;
   /* The reply to COMMIT lost with the connection (the outcome unknown to the owner), or a
