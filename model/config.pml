@@ -26,7 +26,8 @@
 #define FAILS 1      /* handler failures (an error, a 5xx, a panic): the key is released */
 #endif
 
-/* Mode: the separate mode unless TX is defined (the transactional mode, PostgreSQL's form).
+/* Mode: the separate mode unless TX is defined (the transactional mode, PostgreSQL's form;
+   with ROW_CLAIM as well, the form of MySQL / MariaDB and SQLite).
 
    Properties:
      ONE_EFFECT   assert that the key's effect happens at most once and every client gets
@@ -44,7 +45,9 @@
      SESSION_LOCK        transactional: the key's lock outlives a rollback (a session-level
                          advisory lock on a pooled connection)
      LOST_BY_CLOCK       ClaimStatus also reports lost once the owner's own clock says the
-                         lease ended, LOST_MARGIN ticks early (a proposed fix, not the code) */
+                         lease ended, LOST_MARGIN ticks early (a proposed fix, not the code)
+     TOKEN_FENCE         transactional, ROW_CLAIM: the commit's complete checks the token
+                         only, not the row's lease (a proposed fix, not the code) */
 #ifndef LOST_MARGIN
 #define LOST_MARGIN 0
 #endif
