@@ -21,9 +21,12 @@ bool lost[N];        /* the flag behind ClaimStatus::is_lost() (src/engine/statu
 byte held_left[N];   /* ticks of its clock until the lease ends as it counts it (renew) */
 byte idle_left[N];   /* transactional: store ticks until the server ends its idle session */
 bool killed[N];      /* transactional: the server ended its session (and transaction) */
+bool inflight[N];    /* RENEW_TIMEOUT: a renewal attempt of process i awaits its answer */
+byte flight[N];      /* RENEW_TIMEOUT: ticks of its clock until that attempt times out */
+byte rfails;         /* RENEW_TIMEOUT: renewal attempts that failed (timed out) so far */
 
 #define MAY_LAG(i)  (!counting[i] || d[i] > -SKEW)
-#define URGENT(i)   (counting[i] && !stalled[i] && ((renewing[i] && renew_in[i] == 0) || work[i] == 0))
+#define URGENT(i)   (counting[i] && !stalled[i] && ((renewing[i] && !inflight[i] && renew_in[i] == 0) || work[i] == 0 || (inflight[i] && flight[i] == 0)))
 #define MAY_TICK(i) (counting[i] && d[i] < SKEW && !URGENT(i))
 
 #if N == 2
@@ -37,7 +40,8 @@ bool killed[N];      /* transactional: the server ended its session (and transac
 /* Process i's timers, on a tick of its clock. */
 #define TIMERS(i) \
   if :: renew_in[i] > 0 -> renew_in[i]-- :: else -> skip fi; \
-  if :: held_left[i] > 0 -> held_left[i]-- :: else -> skip fi
+  if :: held_left[i] > 0 -> held_left[i]-- :: else -> skip fi; \
+  if :: flight[i] > 0 -> flight[i]-- :: else -> skip fi
 
 /* A tick of process i's clock alone: it gains on the store's. */
 #define LOCAL_TICK(i) \

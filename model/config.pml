@@ -48,6 +48,16 @@
                          lease ended, LOST_MARGIN ticks early (a proposed fix, not the code)
      TOKEN_FENCE         transactional, ROW_CLAIM: the commit's complete checks the token
                          only, not the row's lease (a proposed fix, not the code) */
+/* RENEW_TIMEOUT=T: a renewal attempt reaches the store up to T ticks of the owner's clock
+   after it was sent, or times out after T (at most RFAILS times in a run) and is retried
+   RETRY ticks later: the timings EngineConfig::validate reasons about. Without it a renewal
+   is one atomic step. */
+#ifndef RETRY
+#define RETRY 1
+#endif
+#ifndef RFAILS
+#define RFAILS 2
+#endif
 #ifndef LOST_MARGIN
 #define LOST_MARGIN 0
 #endif

@@ -27,7 +27,9 @@ inline disown(i) {
   renewing[i] = false;
   work[i] = 0;
   lost[i] = false;
-  stalled[i] = false
+  stalled[i] = false;
+  inflight[i] = false;
+  flight[i] = 0
 }
 
 /* ClaimStatus::is_lost() as the handler would read it before its effect. */
@@ -66,6 +68,7 @@ attempt:
 
   do
   /* The renewal task (renewal.rs renew): due every RENEW ticks; refused means lost. */
+#ifndef RENEW_TIMEOUT
   :: atomic { !stalled[i] && renewing[i] && renew_in[i] == 0 ->
        if
        :: RENEW_ACTS(tok) ->
@@ -78,6 +81,38 @@ attempt:
           lost[i] = true;
           renewing[i] = false
        fi }
+#else
+  /* Sent at `attempt`; bounded by the store timeout (Engine::bounded). */
+  :: atomic { !stalled[i] && renewing[i] && !inflight[i] && renew_in[i] == 0 ->
+       inflight[i] = true;
+       flight[i] = RENEW_TIMEOUT }
+  /* It reaches the store, at most the timeout after it was sent; the answer comes back at
+     once. held_until = attempt + lease, next = attempt + renew_every, both by this clock. */
+  :: atomic { !stalled[i] && inflight[i] ->
+       inflight[i] = false;
+       if
+       :: RENEW_ACTS(tok) ->
+          FENCED_WRITE(tok);
+          lease_left = LEASE;
+          held_left[i] = LEASE - (RENEW_TIMEOUT - flight[i]);
+          if
+          :: RENEW > RENEW_TIMEOUT - flight[i] -> renew_in[i] = RENEW - (RENEW_TIMEOUT - flight[i])
+          :: else -> renew_in[i] = 0
+          fi;
+          if :: work[i] > 0 -> work[i]-- :: else -> skip fi
+       :: else ->
+          lost[i] = true;
+          renewing[i] = false
+       fi }
+  /* It times out: lost if the lease is over by this clock, else retried after RETRY. */
+  :: atomic { !stalled[i] && inflight[i] && flight[i] == 0 && rfails < RFAILS ->
+       rfails++;
+       inflight[i] = false;
+       if
+       :: held_left[i] == 0 -> lost[i] = true; renewing[i] = false
+       :: else -> renew_in[i] = RETRY
+       fi }
+#endif
   /* The handler's effect: a card charged, an e-mail sent; outside the store. */
   :: atomic { !stalled[i] && !effected ->
 #ifdef LOST_SOUND
@@ -118,6 +153,7 @@ attempt:
      or not the store took it. */
   atomic {
     renewing[i] = false;
+    inflight[i] = false;   /* Renewal::stop aborts an attempt under way */
     if
 #ifdef RECORD_FAILS
     /* Every attempt fails (store unreachable): RunError::NotRecorded. */
