@@ -40,6 +40,7 @@
      RENEW_NO_FENCE      renew extends any live claim, also one taken over
      CRASH_AFTER_EFFECT  separate mode: a crash between the effect and the record
      RECORD_FAILS        separate mode: every attempt to write the record fails
+     LOOKUP_THEN_INSERT  the claim looks the key up, then writes on what it saw
      NO_TAKEOVER         a claim never takes over an expired lease
      NO_UNIQUE           transactional: the commit's INSERT ignores a record written meanwhile
      SESSION_LOCK        transactional: the key's lock outlives a rollback (a session-level

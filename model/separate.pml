@@ -42,6 +42,9 @@ inline disown(i) {
 proctype Separate(byte i) {
   byte tok;        /* this attempt's token; 0 while it owns nothing */
   bool effected;   /* the handler made its effect */
+#ifdef LOOKUP_THEN_INSERT
+  bool seen_free;  /* what the lookup saw */
+#endif
 
 attempt:
   tok = 0;
@@ -49,6 +52,11 @@ attempt:
   /* Engine::claim -> Store::claim, one atomic operation. A live claim blocks this delivery
      until it ends (Engine::wait: woken in process, or polling); that is the same as looking
      again until the claim is completed, released or expired. */
+#ifdef LOOKUP_THEN_INSERT
+  /* The bug this crate exists to avoid: look the key up, decide, then write. */
+  (rec == DONE || CLAIMABLE);
+  atomic { seen_free = CLAIMABLE }
+#endif
   atomic {
     if
     :: rec == DONE ->
@@ -56,7 +64,11 @@ attempt:
        COMMITTED_STAYS;
        ANSWER(i, rec_pay);
        goto finished
+#ifdef LOOKUP_THEN_INSERT
+    :: rec != DONE && seen_free ->
+#else
     :: CLAIMABLE ->
+#endif
        issued++;
        tok = issued;
        rec = INPROG;
