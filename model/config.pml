@@ -47,8 +47,8 @@
                          advisory lock on a pooled connection)
      LOST_BY_CLOCK       ClaimStatus also reports lost once the owner's own clock says the
                          lease ended, LOST_MARGIN ticks early (a proposed fix, not the code)
-     TOKEN_FENCE         transactional, ROW_CLAIM: the commit's complete checks the token
-                         only, not the row's lease (a proposed fix, not the code) */
+     LEASE_FENCE         transactional, ROW_CLAIM: the commit's complete also checks the
+                         row's lease, not only the token (the code before finding 2's fix) */
 /* RENEW_TIMEOUT=T: a renewal attempt reaches the store up to T ticks of the owner's clock
    after it was sent, or times out after T (at most RFAILS times in a run) and is retried
    RETRY ticks later: the timings EngineConfig::validate reasons about. Without it a renewal

@@ -6,9 +6,11 @@
    With ROW_CLAIM, the form of MySQL / MariaDB and SQLite (transactional/mysql.rs,
    sqlite.rs): the claim is the separate mode's row insert, made inside the transaction (its
    row lock, NOWAIT or SQLite's one writer, keeps everyone else out), with a lease on the
-   store's clock; the commit is the separate mode's fenced complete (token and live lease)
-   followed by COMMIT. No server idle limit ends a stalled owner. TOKEN_FENCE: the commit's
-   complete checks the token only (a proposed fix, not the code). */
+   store's clock; the commit is a complete fenced by the token alone (complete_held: the
+   open transaction holds the row, so the lease does not matter) followed by COMMIT. No
+   server idle limit ends a stalled owner. LEASE_FENCE: the commit's complete also requires
+   a live lease, as the code did before (a mutant: a handler slower than the lease never
+   commits). */
 
 proctype Transactional(byte i) {
   byte tok;        /* 1 + i while this process owns the key: the payload it would commit
@@ -100,7 +102,7 @@ attempt:
      snapshot makes the INSERT a unique violation: KeyTaken, everything rolls back. */
   atomic {
     if
-#if defined(ROW_CLAIM) && !defined(TOKEN_FENCE)
+#if defined(ROW_CLAIM) && defined(LEASE_FENCE)
     /* complete_on's fence: the row's lease ran out (the handler took longer than the
        lease, or stalled): StaleToken, the transaction rolls back, the client retries. */
     :: lease_left == 0 ->

@@ -1,14 +1,11 @@
 //! The transactional mode with a handler that takes longer than the lease, on SQLite (MySQL /
-//! MariaDB share the code path: the claim is a row with a lease, and the commit's `complete`
-//! is fenced by `expires_at > now` as well as the token). Found by the spin model
-//! (model/README.md, finding 2, run `tx-rows-slow-live`).
+//! MariaDB share the code path: the claim is a row with a lease). Found by the spin model
+//! (model/README.md, finding 2, mutant `tx-rows-lease-fence`).
 //!
 //! Nobody can take the key over while the owner's transaction is open (its row lock, or
-//! SQLite's one writer), yet the commit is refused once the row's lease has run out: the
-//! charge rolls back and the caller gets an error, and every retry that is as slow ends the
-//! same way, so the key never completes. PostgreSQL's form (an advisory lock, the record
-//! inserted at the commit) commits. Ignored: it fails today. Run it with
-//! `cargo test --all-features --test transactional_slow_handler -- --ignored`.
+//! SQLite's one writer), so the commit is fenced by the token alone: fenced by the lease as
+//! well, as it once was, the charge rolled back and every retry as slow ended the same way,
+//! so the key never completed.
 #![cfg(feature = "sqlite")]
 
 #[path = "common/sqlite_file.rs"]
@@ -26,7 +23,6 @@ use tower_idempotency::{
 const LEASE: Duration = Duration::from_millis(300);
 
 #[tokio::test]
-#[ignore = "fails until the transactional commit on row-claim dialects is fenced by the token alone (model/README.md, finding 2)"]
 async fn a_handler_slower_than_the_lease_commits_its_charge_once() {
     let path = sqlite_file::fresh_path("slow-handler");
     let options = SqliteStore::durable_options(

@@ -99,6 +99,10 @@ struct Statements {
     held: SqlStr,
     renew: SqlStr,
     complete: SqlStr,
+    /// `complete` for the transactional mode, fenced by the token alone: the row is the
+    /// owner's own claim, locked by its open transaction, so nobody can have taken it over,
+    /// however long the operation ran past the lease.
+    complete_held: SqlStr,
     release: SqlStr,
     purge: SqlStr,
 }
@@ -165,6 +169,11 @@ impl Statements {
             complete: statement(format!(
                 "UPDATE {t} SET token = NULL, payload = ?, \
                  expires_at = {NOW} + INTERVAL ? MICROSECOND WHERE {fence}"
+            )),
+            complete_held: statement(format!(
+                "UPDATE {t} SET token = NULL, payload = ?, \
+                 expires_at = {NOW} + INTERVAL ? MICROSECOND \
+                 WHERE scope = ? AND `key` = ? AND token = ?"
             )),
             release: statement(format!("DELETE FROM {t} WHERE {fence}")),
             // ORDER BY the full index order (InnoDB appends the primary key to secondary
@@ -401,9 +410,10 @@ impl MySqlStore {
         ))
     }
 
-    /// Completes the claim held by `token` on `conn` (autocommit, or the caller's
-    /// transaction).
-    pub(crate) async fn complete_on(
+    /// Completes, inside the owner's transaction `conn`, the claim that transaction made with
+    /// `token` (the transactional mode: the lease does not matter while the transaction
+    /// holds the row).
+    pub(crate) async fn complete_held(
         &self,
         conn: &mut MySqlConnection,
         key: &StoreKey,
@@ -411,7 +421,22 @@ impl MySqlStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(self.sql.complete.clone())
+        let statement = self.sql.complete_held.clone();
+        self.complete_with(statement, conn, key, token, payload, retention)
+            .await
+    }
+
+    /// Runs a complete `statement` for the claim held by `token` on `conn`.
+    async fn complete_with(
+        &self,
+        statement: SqlStr,
+        conn: &mut MySqlConnection,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let result = sqlx::query(statement)
             .bind(payload.as_ref())
             .bind(micros(retention)?)
             .bind(key.scope().as_bytes())
@@ -576,7 +601,8 @@ impl Store for MySqlStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await.map_err(backend)?;
-        self.complete_on(&mut conn, key, token, payload, retention)
+        let statement = self.sql.complete.clone();
+        self.complete_with(statement, &mut conn, key, token, payload, retention)
             .await
     }
 

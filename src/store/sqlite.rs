@@ -96,6 +96,10 @@ struct Statements {
     lookup: SqlStr,
     renew: SqlStr,
     complete: SqlStr,
+    /// `complete` for the transactional mode, fenced by the token alone: the row is the
+    /// owner's own claim, locked by its open transaction, so nobody can have taken it over,
+    /// however long the operation ran past the lease.
+    complete_held: SqlStr,
     release: SqlStr,
     purge: SqlStr,
 }
@@ -149,6 +153,10 @@ impl Statements {
             complete: statement(format!(
                 "UPDATE {t} SET token = NULL, payload = ?4, expires_at = {NOW_MS} + ?5 \
                  WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
+            )),
+            complete_held: statement(format!(
+                "UPDATE {t} SET token = NULL, payload = ?4, expires_at = {NOW_MS} + ?5 \
+                 WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3"
             )),
             release: statement(format!(
                 "DELETE FROM {t} \
@@ -429,17 +437,33 @@ impl SqliteStore {
         ))
     }
 
-    /// Completes the claim held by `token` through `executor` (the pool, or the caller's
-    /// transaction).
-    pub(crate) async fn complete_on<'e>(
+    /// Completes, inside the owner's transaction `conn`, the claim that transaction made with
+    /// `token` (the transactional mode: the lease does not matter while the transaction
+    /// holds the row).
+    pub(crate) async fn complete_held(
         &self,
+        conn: &mut sqlx::SqliteConnection,
+        key: &StoreKey,
+        token: Token,
+        payload: Bytes,
+        retention: Duration,
+    ) -> Result<(), StoreError> {
+        let statement = self.sql.complete_held.clone();
+        self.complete_with(statement, conn, key, token, payload, retention)
+            .await
+    }
+
+    /// Runs a complete `statement` for the claim held by `token` through `executor`.
+    async fn complete_with<'e>(
+        &self,
+        statement: SqlStr,
         executor: impl sqlx::Executor<'e, Database = sqlx::Sqlite>,
         key: &StoreKey,
         token: Token,
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let result = sqlx::query(self.sql.complete.clone())
+        let result = sqlx::query(statement)
             .bind(key.scope())
             .bind(key.key())
             .bind(&token.to_bytes()[..])
@@ -501,7 +525,8 @@ impl Store for SqliteStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        self.complete_on(&self.pool, key, token, payload, retention)
+        let statement = self.sql.complete.clone();
+        self.complete_with(statement, &self.pool, key, token, payload, retention)
             .await
     }
 

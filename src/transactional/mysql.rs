@@ -67,7 +67,7 @@ impl TxDialect<MySql> for MySqlStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<TxCommit, StoreError> {
-        self.complete_on(&mut tx, key, token, payload, retention)
+        self.complete_held(&mut tx, key, token, payload, retention)
             .await?;
         dialect::commit(tx, "mysql").await
     }

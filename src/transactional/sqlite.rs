@@ -64,7 +64,7 @@ impl TxDialect<Sqlite> for SqliteStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<TxCommit, StoreError> {
-        self.complete_on(&mut *tx, key, token, payload, retention)
+        self.complete_held(&mut tx, key, token, payload, retention)
             .await?;
         dialect::commit(tx, "sqlite").await
     }
