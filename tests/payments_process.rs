@@ -562,3 +562,82 @@ async fn redis_cluster_a_killed_owner_is_taken_over_after_its_lease() {
             .await;
     }
 }
+
+/// Transactional mode, two processes on one SQLite file: 40 new keys × 10 copies at once with
+/// a 150 ms handler. SQLite has one writer, so the 40 owners run one after another (6 s in
+/// all, more than the 5 s store timeout): a busy database is not an unavailable one. Every
+/// copy ends `201` (the key's one answer) or `409` with `Retry-After` (come back later), never
+/// `503`; retrying each `409` ends in the key's `201`, and every key is charged exactly once.
+async fn sqlite_storm_of_new_keys_waits_its_turn(shared: Shared) {
+    const KEYS: usize = 40;
+    const COPIES: usize = 10;
+    let launch = Launch::new()
+        .envs(&shared.env())
+        .env("IDEMPOTENCY_MODE", "transactional")
+        .env("PAYMENTS_HANDLER_DELAY_MS", 150);
+    let (a, b) = tokio::join!(launch.clone().start(), launch.start());
+    a.wait_for_log("mode: transactional").await;
+    let servers = [a.http(), b.http()];
+    let caller = unique();
+    let charges: Vec<Charge> = (0..KEYS)
+        .map(|k| Charge::new(&format!("sqlite-storm-{k}-{}", unique()), &caller))
+        .collect();
+
+    let storms = futures_util::future::join_all(
+        charges.iter().map(|charge| storm(&servers, charge, COPIES)),
+    )
+    .await;
+    let mut busy = 0;
+    for (charge, replies) in charges.iter().zip(&storms) {
+        let mut created = None;
+        for reply in replies {
+            match reply.status {
+                StatusCode::CREATED => {
+                    let identity = reply.identity();
+                    assert_eq!(created.get_or_insert(identity.clone()), &identity);
+                }
+                StatusCode::CONFLICT => {
+                    assert!(
+                        reply.header(header::RETRY_AFTER).is_some(),
+                        "a 409 says when to come back: {:?}",
+                        reply.body
+                    );
+                    busy += 1;
+                }
+                status => panic!("only 201 or 409 in a storm, got {status}: {:?}", reply.body),
+            }
+        }
+        // The client's retry learns the key's one answer.
+        let retried = loop {
+            let reply = servers[0].charge(charge).await;
+            if reply.status != StatusCode::CONFLICT {
+                break reply;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(retried.status, StatusCode::CREATED, "{:?}", retried.body);
+        if let Some(created) = created {
+            assert_eq!(
+                retried.identity(),
+                created,
+                "the retry replays the key's answer"
+            );
+        }
+    }
+    println!(
+        "sqlite storm: {busy} of {} copies answered 409",
+        KEYS * COPIES
+    );
+    assert_eq!(
+        shared.charge_rows().await,
+        KEYS as i64,
+        "one charge per key"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_transactional_storm_of_new_keys_waits_its_turn() {
+    Shared::sqlite()
+        .run(sqlite_storm_of_new_keys_waits_its_turn)
+        .await;
+}

@@ -645,6 +645,47 @@ mod sqlite {
         Some(SqliteStore::new(pool))
     }
 
+    /// SQLite's one writer: the owners of two new keys take turns. The second waits for the
+    /// first's transaction as long as a duplicate would wait (here 300 ms), then is told the
+    /// database is busy (`EngineError::Busy`, 409 over HTTP) — not that the store is down —
+    /// and nothing of it ran; once the first commits, the second key claims at once.
+    #[tokio::test]
+    async fn an_owner_waits_its_turn_then_hears_busy_not_unavailable() {
+        use tower_idempotency::{
+            engine::EngineError, transactional::TxBegin, Engine, InProgressPolicy,
+        };
+        let store = open(4).await.expect("a SQLite file");
+        store.migrate().await.unwrap();
+        let engine = Engine::builder(store.clone())
+            .in_progress(InProgressPolicy::Wait {
+                timeout: Duration::from_millis(300),
+            })
+            .build()
+            .expect("valid timings");
+        let mode = Transactional::with_engine(store, engine);
+        let (first, second) = (fresh_key("first"), fresh_key("second"));
+
+        let TxBegin::Run(owner) = mode.begin(first, fp("a")).await.unwrap() else {
+            panic!("a new key is claimed");
+        };
+        let started = tokio::time::Instant::now();
+        let waited = mode.begin(second.clone(), fp("b")).await;
+        assert!(
+            matches!(waited, Err(EngineError::Busy { .. })),
+            "the second owner is told busy: {waited:?}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "it waited its turn first"
+        );
+
+        owner.commit(Bytes::from_static(b"first")).await.unwrap();
+        let TxBegin::Run(owner) = mode.begin(second, fp("b")).await.unwrap() else {
+            panic!("the second key was never claimed, so it is new");
+        };
+        owner.rollback().await;
+    }
+
     transactional_tests!(sqlx::Sqlite, SqliteStore, SqliteConnection,
         insert: "INSERT INTO {t} (k) VALUES (?)",
         count: "SELECT COUNT(*) FROM {t} WHERE k = ?");

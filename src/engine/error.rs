@@ -21,6 +21,15 @@ pub enum EngineError {
         retry_after: Duration,
     },
 
+    /// The database is busy with other requests' writes (one writer at a time, as on
+    /// SQLite) and this request's turn did not come within its wait; nothing was run. The
+    /// store is healthy: retry after `retry_after`.
+    #[error("the database is busy with other requests' writes; nothing was run, retry after {retry_after:?}")]
+    Busy {
+        /// A suggested delay before retrying.
+        retry_after: Duration,
+    },
+
     /// The store failed; nothing was run. Retry after `retry_after`.
     #[error("the idempotency store is unavailable; nothing was run, retry after {retry_after:?}")]
     Store {

@@ -436,6 +436,26 @@ impl Engine {
         }
     }
 
+    /// How long a request may wait for its turn: as long as a duplicate waits for its
+    /// original, or, with the reject policy, one store call.
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn wait_budget(&self) -> Duration {
+        match self.shared.config.in_progress {
+            InProgressPolicy::Wait { timeout } => timeout,
+            InProgressPolicy::Reject => self.shared.config.store_timeout,
+        }
+    }
+
+    /// The answer for a request whose turn at a busy database did not come within its wait.
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn busy(&self, key: &StoreKey) -> EngineError {
+        tracing::info!(key = %key.log_id(), "database busy with other writers; answering busy");
+        crate::metrics::request(crate::metrics::BUSY);
+        EngineError::Busy {
+            retry_after: self.shared.config.retry_after,
+        }
+    }
+
     pub(crate) fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
         tracing::warn!(key = %key.log_id(), error = %source, "idempotency store unavailable");
         crate::metrics::request(crate::metrics::STORE_UNAVAILABLE);

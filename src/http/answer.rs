@@ -23,6 +23,7 @@ pub(super) fn rejection_for(error: EngineError) -> Rejection {
     match error {
         EngineError::FingerprintMismatch => Rejection::KeyReused,
         EngineError::InProgress { retry_after } => Rejection::InProgress { retry_after },
+        EngineError::Busy { retry_after } => Rejection::StoreBusy { retry_after },
         EngineError::Store { retry_after, .. } => Rejection::StoreUnavailable { retry_after },
     }
 }

@@ -22,6 +22,7 @@ use crate::problem::Problem;
 /// | [`BodyTooLarge`](Self::BodyTooLarge) | 413 | `urn:tower-idempotency:body-too-large` |
 /// | [`KeyReused`](Self::KeyReused) | 422 | `urn:tower-idempotency:key-reused` |
 /// | [`InProgress`](Self::InProgress) | 409 + `Retry-After` | `urn:tower-idempotency:in-progress` |
+/// | [`StoreBusy`](Self::StoreBusy) | 409 + `Retry-After` | `urn:tower-idempotency:store-busy` |
 /// | [`ResponseNotStored`](Self::ResponseNotStored) | 409 | `urn:tower-idempotency:response-not-stored` |
 /// | [`StoreUnavailable`](Self::StoreUnavailable) | 503 + `Retry-After` | `urn:tower-idempotency:store-unavailable` |
 /// | [`HandlerPanicked`](Self::HandlerPanicked) | 500 | `urn:tower-idempotency:handler-panicked` |
@@ -59,6 +60,14 @@ pub enum Rejection {
         "the first request with this idempotency key is still running; retry after {retry_after:?}"
     )]
     InProgress {
+        /// Suggested delay before retrying.
+        retry_after: Duration,
+    },
+    /// The database is busy with other requests' writes (one writer at a time, as on SQLite)
+    /// and this request's turn did not come within its wait; nothing was run. A conflict with
+    /// the other writers, not an outage: retry after `retry_after`.
+    #[error("the database is busy with other requests' writes; nothing was run: retry after {retry_after:?}")]
+    StoreBusy {
         /// Suggested delay before retrying.
         retry_after: Duration,
     },
@@ -107,6 +116,7 @@ impl Rejection {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Rejection::InProgress { retry_after }
+            | Rejection::StoreBusy { retry_after }
             | Rejection::StoreUnavailable { retry_after }
             | Rejection::NotCommitted { retry_after } => Some(*retry_after),
             _ => None,
@@ -153,6 +163,12 @@ impl Rejection {
                 "urn:tower-idempotency:in-progress",
                 "Request in progress",
                 format!("a request with this idempotency key is still being processed; retry in {} s to get its result", retry_after_secs(*retry_after)),
+            ),
+            Rejection::StoreBusy { retry_after } => (
+                S::CONFLICT,
+                "urn:tower-idempotency:store-busy",
+                "Database busy",
+                format!("the database is busy with other requests' writes and this request's turn did not come in time; nothing was run: retry in {} s with the same key", retry_after_secs(*retry_after)),
             ),
             Rejection::ResponseNotStored { status } => (
                 S::CONFLICT,

@@ -17,7 +17,7 @@ macro_rules! labelled {
 }
 
 /// The request counter, by `outcome`.
-pub(super) static OUTCOMES: [(&str, Key); 5] = labelled!(
+pub(super) static OUTCOMES: [(&str, Key); 6] = labelled!(
     super::REQUESTS,
     "outcome",
     [
@@ -25,6 +25,7 @@ pub(super) static OUTCOMES: [(&str, Key); 5] = labelled!(
         super::REPLAYED,
         super::KEY_REUSED,
         super::IN_PROGRESS,
+        super::BUSY,
         super::STORE_UNAVAILABLE,
     ]
 );

@@ -45,6 +45,9 @@ pub const KEY_REUSED: &str = "key_reused";
 pub const IN_PROGRESS: &str = "in_progress";
 /// The `outcome` of a request the store could not serve (503).
 pub const STORE_UNAVAILABLE: &str = "store_unavailable";
+/// The `outcome` of a request whose turn at a busy single-writer database (SQLite) did not
+/// come within its wait (409).
+pub const BUSY: &str = "busy";
 /// The `outcome` of a request the HTTP layer rejected itself; see its `reason` label.
 pub const REJECTED: &str = "rejected";
 
@@ -80,7 +83,9 @@ pub(crate) fn rejected(reason: &'static str) {
 pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
     use crate::http::Rejection as R;
     let reason = match rejection {
-        R::KeyReused | R::InProgress { .. } | R::StoreUnavailable { .. } => return,
+        R::KeyReused | R::InProgress { .. } | R::StoreBusy { .. } | R::StoreUnavailable { .. } => {
+            return
+        }
         R::ResponseNotStored { .. } => return,
         R::MissingKey => "missing_key",
         R::InvalidKey(_) => "invalid_key",

@@ -80,6 +80,9 @@ const CLAIM_ATTEMPTS: usize = 8;
 pub struct SqliteStore {
     pool: SqlitePool,
     sql: Arc<Statements>,
+    /// The transactional mode's owners of this process take turns here (SQLite has one
+    /// writer): shared by the store's clones, as the pool is.
+    writers: crate::transactional::WriterQueue,
 }
 
 /// Builds a [`SqliteStore`] on an existing pool, with a table name of your choice.
@@ -183,6 +186,7 @@ impl Assemble for SqliteStore {
         Self {
             pool,
             sql: Arc::new(Statements::new(table)),
+            writers: Default::default(),
         }
     }
 }
@@ -373,6 +377,11 @@ impl SqliteStore {
     /// ```
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The queue the transactional mode's owners of this process take turns in.
+    pub(crate) fn writers(&self) -> &crate::transactional::WriterQueue {
+        &self.writers
     }
 
     /// Runs a fenced statement (`renew`, `complete`, `release`): SQLite counts the rows it

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::Transaction;
 
+use super::turn::WriterQueue;
 use crate::{
     record::{Fingerprint, Record, StoreKey, Token},
     store::{Store, StoreError},
@@ -139,6 +140,23 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
     async fn await_owner(&self, key: &StoreKey, at_most: Duration) -> Result<bool, StoreError> {
         let _ = (key, at_most);
         Ok(false)
+    }
+
+    /// Where the database has one writer at a time (SQLite), the queue in which this
+    /// process' owners take turns before they [`begin_claim`](Self::begin_claim): they wait
+    /// there without a connection, in order, for as long as their request may wait. `None`
+    /// (the default): owners of different keys write side by side.
+    fn writer_queue(&self) -> Option<&WriterQueue> {
+        None
+    }
+
+    /// Whether `error`, from [`begin_claim`](Self::begin_claim), says only that another
+    /// writer holds the database (SQLite's `SQLITE_BUSY` after its busy timeout): the owner
+    /// tries again while its request may still wait, and is told "busy", not "unavailable".
+    /// Only asked of dialects with a [`writer_queue`](Self::writer_queue).
+    fn is_busy(&self, error: &StoreError) -> bool {
+        let _ = error;
+        false
     }
 
     /// [`begin`](Self::begin) and [`claim_in`](Self::claim_in) together, as the owner of a

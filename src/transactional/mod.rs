@@ -75,6 +75,7 @@ mod run;
 mod slot;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod turn;
 
 use std::sync::Arc;
 
@@ -87,12 +88,17 @@ pub use dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxSta
 pub use owner::{CommitError, TxOwner};
 pub use run::TxRunError;
 pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};
+pub use turn::{WriterQueue, WriterTurn};
 
 use self::local::LocalOwnership;
 
 /// How long one wait on a running owner may block before the watch looks again (which
 /// also lets it notice that its last waiter left).
 const OWNER_WAIT_SLICE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The pause before an owner asks a busy single-writer database again (its busy timeout has
+/// already waited; this only keeps a database without one from being asked in a hot loop).
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 use crate::{
     engine::{
         waiters::{KeyWatch, Seen},
@@ -290,12 +296,32 @@ impl<S: TransactionalStore> Transactional<S> {
         mark: LocalOwnership,
     ) -> Result<Option<TxBegin<S::Database>>, EngineError> {
         let engine = &self.engine;
-        let unavailable = |source| engine.unavailable(key, source);
         let lease = engine.shared.config.lease;
-        let started = engine
-            .bounded(self.dialect.begin_claim(lease, key, fingerprint, lease))
-            .await
-            .map_err(unavailable)?;
+        let begin = || engine.bounded(self.dialect.begin_claim(lease, key, fingerprint, lease));
+        let (started, turn) = match self.dialect.writer_queue() {
+            None => (begin().await, None),
+            Some(queue) => {
+                // A busy database is not a failed one: wait for a turn as long as a
+                // duplicate would wait for its original, then say "busy".
+                let deadline = Instant::now() + engine.wait_budget();
+                let turn = tokio::time::timeout_at(deadline, queue.turn())
+                    .await
+                    .map_err(|_| engine.busy(key))?;
+                loop {
+                    match begin().await {
+                        Err(error) if self.dialect.is_busy(&error) => {
+                            if Instant::now() >= deadline {
+                                return Err(engine.busy(key));
+                            }
+                            tracing::debug!(key = %key.log_id(), "database busy with another process' writer; trying again");
+                            tokio::time::sleep(BUSY_PAUSE).await;
+                        }
+                        started => break (started, Some(turn)),
+                    }
+                }
+            }
+        };
+        let started = started.map_err(|source| engine.unavailable(key, source))?;
         // Unless claimed, nothing was written and the transaction is rolled back; dropping
         // the mark lets this process' waiters on the key look again.
         let (tx, token) = match started {
@@ -311,6 +337,7 @@ impl<S: TransactionalStore> Transactional<S> {
             *fingerprint,
             token,
             mark,
+            turn,
         ))))
     }
 

@@ -10,6 +10,7 @@ use super::{
     dialect::{TransactionalStore, TxCommit, TxDialect},
     local::LocalOwnership,
     slot::{StillBorrowed, TxSlot},
+    turn::WriterTurn,
     Transactional,
 };
 use crate::{
@@ -43,6 +44,9 @@ struct ClaimRow {
     /// Dropped after the transaction ended: wakes this process' waiters on the key and counts
     /// the owner out of `Engine::drained`.
     _local: LocalOwnership,
+    /// Where the database has one writer at a time, this owner's turn: the next owner of
+    /// this process begins once this transaction has ended.
+    _turn: Option<WriterTurn>,
 }
 
 /// Why [`TxOwner::commit`] did not commit. Nothing of the transaction persists — unless the
@@ -72,6 +76,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
         fingerprint: Fingerprint,
         token: Token,
         local: LocalOwnership,
+        turn: Option<WriterTurn>,
     ) -> Self {
         let mut owner = Self::with_slot(mode, TxSlot::open(tx), None);
         owner.claim = Some(ClaimRow {
@@ -79,6 +84,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
             fingerprint,
             token,
             _local: local,
+            _turn: turn,
         });
         owner
     }

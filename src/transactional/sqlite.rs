@@ -14,7 +14,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use super::dialect::{self, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
+use super::{
+    dialect::{self, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect},
+    WriterQueue,
+};
 use crate::{
     record::{ClaimOutcome, Fingerprint, StoreKey, Token},
     store::{SqliteStore, Store, StoreError},
@@ -67,6 +70,28 @@ impl TxDialect<Sqlite> for SqliteStore {
         self.complete_held(&mut tx, key, token, payload, retention)
             .await?;
         dialect::commit(tx, "sqlite").await
+    }
+
+    fn writer_queue(&self) -> Option<&WriterQueue> {
+        Some(self.writers())
+    }
+
+    fn is_busy(&self, error: &StoreError) -> bool {
+        // SQLITE_BUSY (5) and its extended codes: another connection holds the write lock
+        // and the pool's busy timeout ran out waiting for it. A `BEGIN IMMEDIATE` that did
+        // not finish within the store's time limit was waiting for that lock too (SQLite's
+        // busy wait is not fair: another process' writers can keep winning it); sqlx rolls
+        // back a `BEGIN` whose caller stopped waiting, so trying again leaks nothing.
+        let source = match error {
+            StoreError::Timeout { .. } => return true,
+            StoreError::Backend { source, .. } => source,
+            _ => return false,
+        };
+        matches!(
+            source.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::Database(db))
+                if db.code().and_then(|code| code.parse::<i32>().ok()).is_some_and(|code| code & 0xff == 5)
+        )
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {
