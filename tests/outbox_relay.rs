@@ -8,7 +8,7 @@
 mod pipeline;
 mod process;
 
-use std::{collections::HashSet, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use pipeline::{each_broker, race_relays, tally, TestBroker, WriteReceipt};
@@ -331,4 +331,39 @@ async fn a_broker_that_never_confirms_holds_the_shutdown_no_longer_than_shutdown
         assert_eq!(db.unsent().await, 0);
     })
     .await;
+}
+
+/// Nothing to send, and a purge that never finishes (a stalled database): it says when the
+/// purge began, so the test can signal shutdown while the relay is inside it.
+struct PurgeHangs(Arc<tokio::sync::Notify>);
+
+#[async_trait]
+impl OutboxSource for PurgeHangs {
+    async fn relay_batch(&self, _: &dyn Publisher, _: u32) -> Result<usize, OutboxError> {
+        Ok(0)
+    }
+
+    async fn purge_sent(&self, _: Duration, _: u32) -> Result<u64, OutboxError> {
+        self.0.notify_one();
+        std::future::pending().await
+    }
+
+    async fn unsent(&self) -> Result<u64, OutboxError> {
+        Ok(0)
+    }
+}
+
+#[tokio::test]
+async fn a_shutdown_during_a_purge_stops_the_relay() {
+    let purging = Arc::new(tokio::sync::Notify::new());
+    let relay = Relay::new(PurgeHangs(purging.clone()), NeverConfirms).config(RelayConfig {
+        purge_every: Duration::ZERO,
+        ..waits_for_shutdown()
+    });
+    // The shutdown completes once the relay is inside its first purge: only a relay that
+    // watches the shutdown while purging returns; the guard below only turns a hang into a
+    // failure.
+    tokio::time::timeout(Duration::from_secs(20), relay.run_until(purging.notified()))
+        .await
+        .expect("run_until did not return: the purge under way held the shutdown");
 }

@@ -111,9 +111,12 @@ async fn invalid_prefix_is_a_typed_error() {
             .unwrap_err();
         assert_eq!(err.prefix, bad);
         assert!(!err.reason.is_empty());
-        // Opening refuses it before connecting, as a configuration error.
+        // Opening refuses it before connecting, keeping the typed reason.
         let opened = RedisStore::builder().prefix(bad).open(&url).await;
-        assert!(matches!(opened, Err(StoreError::Config(_))), "{opened:?}");
+        match opened {
+            Err(StoreError::InvalidPrefix(invalid)) => assert_eq!(invalid, err),
+            other => panic!("{bad:?}: {other:?}"),
+        }
     }
 }
 
@@ -139,7 +142,18 @@ async fn redis_key_carries_no_client_key_and_server_expiry() {
     };
     let mut raw = raw().await;
     // Only the digest is in Redis: neither the key nor the scope, in any key or value.
-    let keys: Vec<String> = raw.keys(format!("{}*", test_prefix())).await.unwrap();
+    // SCAN, not KEYS: the server is shared, and KEYS blocks it while it walks every key.
+    let keys: Vec<String> = {
+        let mut found = raw
+            .scan_match::<_, String>(format!("{}*", test_prefix()))
+            .await
+            .unwrap();
+        let mut keys = Vec::new();
+        while let Some(name) = found.next_item().await {
+            keys.push(name.unwrap());
+        }
+        keys
+    };
     assert!(keys.contains(&redis_key), "{keys:?}");
     for name in &keys {
         assert!(!name.contains("raw-client-key") && !name.contains(&scope));

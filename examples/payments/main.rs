@@ -44,6 +44,7 @@
 //! | `PAYMENTS_HANDLER_DELAY_MS` | sleep before recording a charge (widens race windows) | 0 |
 //! | `PAYMENTS_DELAY_AFTER_CHARGE_MS` | sleep after writing the charge, before answering (and, transactional, before commit) | 0 |
 //! | `PAYMENTS_FAIL_FIRST` | the first N creates answer 503 and record nothing (a flaky processor) | 0 |
+//! | `LOG_FORMAT` | `json`: one JSON object a log line (for log shippers); otherwise text, coloured only on a terminal without `NO_COLOR` | text |
 //! | `AMQP_URL` / `NATS_URL` | a broker for `payment.created` events (below) | unset |
 //! | `OUTBOX_RELAY` | `0`: write outbox events but relay them from another process | `1` |
 //!
@@ -103,12 +104,7 @@ pub struct App {
 async fn main() -> ExitCode {
     // sqlx logs PostgreSQL's "already exists, skipping" notices of every start at INFO.
     let default_filter = "info,sqlx=warn";
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .init();
+    pipeline::init_logs(default_filter, std::io::stdout);
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

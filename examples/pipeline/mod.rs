@@ -1,6 +1,7 @@
 //! What the `receipts` consumer, the `outbox_relay` and the `payments` service (which
 //! `#[path]`-includes this file) share: the environment, the broker topology (below), the
-//! relay's publisher and the shutdown signal.
+//! relay's publisher, the shutdown signal and the log output ([`init_logs`]: `LOG_FORMAT=json`
+//! for JSON lines; colours only on a terminal).
 //!
 //! `PIPELINE_NAMESPACE` (default empty; letters, digits, `_` and `-`) is appended to every
 //! broker name — exchange `payments<ns>`, queue `receipts<ns>`, stream `PAYMENTS<ns>` on
@@ -167,17 +168,34 @@ pub async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+/// Installs every example's log output on `stream`, filtered by `RUST_LOG` (else
+/// `default_filter`). `LOG_FORMAT=json` writes one JSON object a line, for services that ship
+/// logs; otherwise text, coloured only when `stream` is a terminal and `NO_COLOR` is unset, so
+/// a log file or a pipe never holds escape codes.
+pub fn init_logs<W>(default_filter: &str, stream: fn() -> W)
+where
+    W: std::io::Write + std::io::IsTerminal + 'static,
+{
+    let logs = tracing_subscriber::fmt()
+        .with_writer(stream)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        );
+    if std::env::var("LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
+        logs.json().init();
+    } else {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        logs.with_ansi(stream().is_terminal() && !no_color).init();
+    }
+}
+
 /// Sets up logging, runs `run`, and turns its error into one log line and a failure exit.
 pub async fn main<F>(name: &str, run: F) -> std::process::ExitCode
 where
     F: std::future::Future<Output = Result<(), Box<dyn std::error::Error>>>,
 {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
+    init_logs("info,sqlx=warn", std::io::stdout);
     match run.await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

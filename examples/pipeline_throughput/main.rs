@@ -34,13 +34,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,sqlx=error".into()),
-        )
-        .init();
+    pipeline::init_logs("warn,sqlx=error", std::io::stderr);
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -123,7 +123,13 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
                 }
             };
             if Instant::now() >= next_purge {
-                self.purge().await;
+                // A purge of a long backlog (or on a stalled database) must not hold the
+                // shutdown: cut off, each batch is its own statement, and the next purge
+                // deletes what this one left.
+                tokio::select! {
+                    () = self.purge() => {}
+                    () = &mut shutdown => break None,
+                }
                 next_purge = Instant::now() + self.config.purge_every;
             }
             tokio::select! {

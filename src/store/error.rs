@@ -55,6 +55,14 @@ pub enum StoreError {
     /// for the backend, ...).
     #[error("invalid idempotency store configuration: {0}")]
     Config(String),
+
+    /// A Redis store was opened with a key prefix it refuses; nothing was connected. The
+    /// source says which prefix and why, as [`RedisStoreBuilder::build`] would.
+    ///
+    /// [`RedisStoreBuilder::build`]: super::RedisStoreBuilder::build
+    #[cfg(feature = "redis")]
+    #[error(transparent)]
+    InvalidPrefix(#[from] super::InvalidPrefix),
 }
 
 impl StoreError {

@@ -191,9 +191,10 @@ impl SqlStore for MySqlStore {}
 
 impl Assemble for MySqlStore {
     type Pool = MySqlPool;
+    type Options = ();
     const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
 
-    fn assemble(pool: MySqlPool, table: TableName, _notify: bool) -> Self {
+    fn assemble(pool: MySqlPool, table: TableName, (): ()) -> Self {
         Self {
             pool,
             sql: Arc::new(Statements::new(table)),
@@ -223,7 +224,7 @@ impl MySqlStore {
         Self::assemble(
             pool,
             TableName::new(Self::DEFAULT_TABLE).expect("the default table name is valid"),
-            false,
+            (),
         )
     }
 

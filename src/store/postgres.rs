@@ -338,6 +338,8 @@ impl SqlStore for PostgresStore {}
 
 impl Assemble for PostgresStore {
     type Pool = PgPool;
+    /// Whether completions notify waiters in other processes.
+    type Options = bool;
     const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
 
     fn assemble(pool: PgPool, table: TableName, notify: bool) -> Self {
@@ -356,8 +358,9 @@ impl PostgresStoreBuilder {
     /// on when duplicates across processes must be answered within a millisecond; it costs
     /// commit parallelism, since PostgreSQL serialises the commits of notifying transactions.
     /// Off, waiters in other processes poll (5 ms doubling to 250 ms).
-    pub fn completion_notifications(self, on: bool) -> Self {
-        self.notify(on)
+    pub fn completion_notifications(mut self, on: bool) -> Self {
+        *self.options_mut() = on;
+        self
     }
 }
 

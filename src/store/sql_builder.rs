@@ -25,9 +25,9 @@ use crate::sql::{InvalidIdentifier, TableName};
 pub struct SqlStoreBuilder<S: SqlStore> {
     pool: S::Pool,
     table: String,
-    /// Whether settling statements notify waiters in other processes; only PostgreSQL can
-    /// (see `PostgresStoreBuilder::completion_notifications`), the others ignore it and poll.
-    notify: bool,
+    /// What only this database offers (PostgreSQL: whether completions notify waiters in
+    /// other processes; `()` elsewhere), so a builder carries no setting its store ignores.
+    options: S::Options,
 }
 
 /// A store [`SqlStoreBuilder`] builds. Implemented by this crate's SQL stores only.
@@ -40,11 +40,12 @@ pub(crate) mod sealed {
     pub trait Assemble: Sized {
         /// The sqlx pool the store runs on.
         type Pool: Clone + std::fmt::Debug;
+        /// Settings only this database has, set by its own builder methods; `()` for none.
+        type Options: Clone + Default + std::fmt::Debug;
         /// The table used unless the builder names another.
         const DEFAULT_TABLE: &'static str;
-        /// The store on `pool`, its statements rendered for `table`; `notify`: whether
-        /// completions notify waiters in other processes, where the database can.
-        fn assemble(pool: Self::Pool, table: TableName, notify: bool) -> Self;
+        /// The store on `pool`, its statements rendered for `table`, with its own `options`.
+        fn assemble(pool: Self::Pool, table: TableName, options: Self::Options) -> Self;
     }
 }
 
@@ -53,14 +54,14 @@ impl<S: SqlStore> SqlStoreBuilder<S> {
         Self {
             pool,
             table: S::DEFAULT_TABLE.to_owned(),
-            notify: false,
+            options: S::Options::default(),
         }
     }
 
+    /// The database's own settings, for its builder methods.
     #[cfg(feature = "postgres")]
-    pub(crate) fn notify(mut self, on: bool) -> Self {
-        self.notify = on;
-        self
+    pub(crate) fn options_mut(&mut self) -> &mut S::Options {
+        &mut self.options
     }
 
     /// The table to use, optionally qualified (`schema.table`; on MySQL `database.table`, on
@@ -77,7 +78,7 @@ impl<S: SqlStore> SqlStoreBuilder<S> {
         Ok(S::assemble(
             self.pool,
             TableName::new(self.table)?,
-            self.notify,
+            self.options,
         ))
     }
 }
@@ -87,7 +88,7 @@ impl<S: SqlStore> Clone for SqlStoreBuilder<S> {
         Self {
             pool: self.pool.clone(),
             table: self.table.clone(),
-            notify: self.notify,
+            options: self.options.clone(),
         }
     }
 }
@@ -97,7 +98,7 @@ impl<S: SqlStore> fmt::Debug for SqlStoreBuilder<S> {
         f.debug_struct("SqlStoreBuilder")
             .field("pool", &self.pool)
             .field("table", &self.table)
-            .field("notify", &self.notify)
+            .field("options", &self.options)
             .finish()
     }
 }

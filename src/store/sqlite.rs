@@ -180,9 +180,10 @@ impl SqlStore for SqliteStore {}
 
 impl Assemble for SqliteStore {
     type Pool = SqlitePool;
+    type Options = ();
     const DEFAULT_TABLE: &'static str = Self::DEFAULT_TABLE;
 
-    fn assemble(pool: SqlitePool, table: TableName, _notify: bool) -> Self {
+    fn assemble(pool: SqlitePool, table: TableName, (): ()) -> Self {
         Self {
             pool,
             sql: Arc::new(Statements::new(table)),
@@ -224,7 +225,7 @@ impl SqliteStore {
         Self::assemble(
             pool,
             TableName::new(Self::DEFAULT_TABLE).expect("the default table name is valid"),
-            false,
+            (),
         )
     }
 

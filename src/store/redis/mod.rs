@@ -237,14 +237,13 @@ impl RedisStoreBuilder {
     /// Refuses a bad prefix before connecting: there is no point reaching a server for a
     /// store that cannot be built.
     fn check_prefix(&self) -> Result<(), StoreError> {
-        prefix::validate(self.prefix.clone())
-            .map(drop)
-            .map_err(|invalid| StoreError::Config(invalid.to_string()))
+        prefix::validate(self.prefix.clone())?;
+        Ok(())
     }
 
     /// Connects to `url` with [`RedisStore::connection_config`] and builds the store.
     ///
-    /// Fails with [`StoreError::Config`] when the prefix is invalid (before connecting), and
+    /// Fails with [`StoreError::InvalidPrefix`] when the prefix is invalid (before connecting), and
     /// with [`StoreError::Backend`] (the [`RedisError`] as its source) when the URL is
     /// invalid or the server cannot be reached now; once connected, later outages are
     /// reported per operation and healed by reconnecting.
@@ -258,7 +257,7 @@ impl RedisStoreBuilder {
         let notify_with = self.notify_with.clone().unwrap_or(client);
         self.notify_with(notify_with)
             .build(connection)
-            .map_err(|invalid| StoreError::Config(invalid.to_string()))
+            .map_err(StoreError::from)
     }
 
     /// Connects to the Redis Cluster that `nodes` belong to (one reachable node is enough;
@@ -308,7 +307,7 @@ impl RedisStoreBuilder {
         self.check_prefix()?;
         let cluster = Cluster::connect(client).await.map_err(backend)?;
         self.with(Connection::Cluster(Arc::new(cluster)))
-            .map_err(|invalid| StoreError::Config(invalid.to_string()))
+            .map_err(StoreError::from)
     }
 }
 
