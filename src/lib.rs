@@ -27,7 +27,8 @@ pub mod transactional;
 pub mod version;
 
 pub use crate::http::{
-    is_final_by_default, DoNotStore, IdempotencyLayer, IdempotencyService, Rejection,
+    grpc_message, is_final_by_default, is_final_grpc_by_default, DoNotStore, IdempotencyLayer,
+    IdempotencyService, Rejection,
 };
 pub use engine::{Engine, InProgressPolicy};
 pub use record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};

@@ -7,14 +7,19 @@ use http::{HeaderValue, Response};
 use super::{
     body::{self, ResponseBody},
     config::{Config, IDEMPOTENT_REPLAYED},
+    grpc,
     rejection::Rejection,
     replay::{self, StoredResponse},
 };
 use crate::engine::EngineError;
 
-/// Renders `rejection` the way the layer was configured to.
-pub(super) fn render(config: &Config, rejection: Rejection) -> Response<ResponseBody> {
+/// Renders `rejection` the way the layer was configured to, or as a gRPC status on a gRPC
+/// call (`grpc`), which no HTTP error body would reach.
+pub(super) fn render(config: &Config, grpc: bool, rejection: Rejection) -> Response<ResponseBody> {
     crate::metrics::http_rejection(&rejection);
+    if grpc {
+        return grpc::rejection_response::<Bytes>(&rejection).map(body::full);
+    }
     (config.rejection)(rejection).map(body::full)
 }
 
@@ -29,7 +34,7 @@ pub(super) fn rejection_for(error: EngineError) -> Rejection {
 }
 
 /// A stored outcome, answered to a duplicate.
-pub(super) fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> {
+pub(super) fn replay(config: &Config, grpc: bool, payload: Bytes) -> Response<ResponseBody> {
     match replay::decode(payload) {
         Ok(StoredResponse::Response {
             status,
@@ -52,12 +57,13 @@ pub(super) fn replay(config: &Config, payload: Bytes) -> Response<ResponseBody> 
             response
         }
         Ok(StoredResponse::NotStored { status }) => {
-            render(config, Rejection::ResponseNotStored { status })
+            render(config, grpc, Rejection::ResponseNotStored { status })
         }
         Err(detail) => {
             tracing::error!(detail, "stored response cannot be decoded");
             render(
                 config,
+                grpc,
                 Rejection::StoreUnavailable {
                     retry_after: std::time::Duration::from_secs(1),
                 },

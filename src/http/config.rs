@@ -27,7 +27,7 @@ pub(crate) struct Config {
     pub(crate) engine: Engine,
     /// Set in the transactional mode: claims, runs and records in one transaction.
     #[cfg(feature = "sqlx")]
-    pub(crate) transactional: Option<super::transactional::SharedTxMode>,
+    pub(crate) transactional: Option<super::tx_mode::SharedTxMode>,
     pub(crate) enabled: bool,
     pub(crate) header: HeaderName,
     pub(crate) methods: Vec<Method>,
@@ -38,6 +38,7 @@ pub(crate) struct Config {
     pub(crate) max_request_body: usize,
     pub(crate) max_response_body: usize,
     pub(crate) is_final: policy::StatusPolicy,
+    pub(crate) is_final_grpc: policy::GrpcStatusPolicy,
     pub(crate) replay_set_cookie: bool,
     pub(crate) mark_replayed: bool,
     pub(crate) detach: bool,
@@ -66,6 +67,7 @@ impl Config {
             max_request_body: 1024 * 1024,
             max_response_body: 1024 * 1024,
             is_final: Arc::new(policy::is_final_by_default),
+            is_final_grpc: Arc::new(super::grpc::is_final_grpc_by_default),
             replay_set_cookie: false,
             mark_replayed: false,
             detach: true,

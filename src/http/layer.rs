@@ -159,6 +159,25 @@ impl IdempotencyLayer {
         self.with(|c| c.is_final = Arc::new(is_final))
     }
 
+    /// Which `grpc-status` codes of a gRPC call are final: stored and replayed. The others
+    /// release the key so a retry runs again. Default:
+    /// [`is_final_grpc_by_default`](super::is_final_grpc_by_default) (see the
+    /// [`grpc`](crate::http::grpc) docs for the table). [`store_status`](Self::store_status) still
+    /// applies to the HTTP status of a gRPC response (always 200 from a gRPC server).
+    ///
+    /// ```
+    /// use tower_idempotency::{is_final_grpc_by_default, store::MemoryStore, IdempotencyLayer};
+    /// // Also release the key after NOT_FOUND (5): the resource may appear later.
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .store_grpc_status(|code| code != 5 && is_final_grpc_by_default(code));
+    /// ```
+    pub fn store_grpc_status<F>(self, is_final: F) -> Self
+    where
+        F: Fn(i32) -> bool + Send + Sync + 'static,
+    {
+        self.with(|c| c.is_final_grpc = Arc::new(is_final))
+    }
+
     /// Replays `Set-Cookie` headers too (default: dropped from stored responses, since a
     /// session cookie meant for one response should not be handed out again).
     pub fn replay_set_cookie(self, replay: bool) -> Self {

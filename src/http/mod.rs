@@ -8,6 +8,7 @@ mod collect;
 mod config;
 mod detach;
 mod fingerprint;
+pub mod grpc;
 mod key;
 mod layer;
 mod policy;
@@ -19,9 +20,12 @@ mod service;
 mod tee;
 #[cfg(feature = "sqlx")]
 mod transactional;
+#[cfg(feature = "sqlx")]
+mod tx_mode;
 
 pub use body::ResponseBody;
 pub use config::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use grpc::{grpc_message, is_final_grpc_by_default};
 pub use key::{InvalidKey, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use policy::{is_final_by_default, DoNotStore};

@@ -29,6 +29,10 @@ use crate::problem::Problem;
 /// | [`ResponseBodyFailed`](Self::ResponseBodyFailed) | 500 | `urn:tower-idempotency:response-body-failed` |
 /// | [`NotCommitted`](Self::NotCommitted) | 503 + `Retry-After` | `urn:tower-idempotency:not-committed` |
 /// | [`TransactionHeld`](Self::TransactionHeld) | 500 | `urn:tower-idempotency:transaction-held` |
+/// | [`NotUnary`](Self::NotUnary) | 400 | `urn:tower-idempotency:not-unary` |
+/// | [`DeadlineExceeded`](Self::DeadlineExceeded) | 504 | `urn:tower-idempotency:deadline-exceeded` |
+///
+/// On a gRPC call they are gRPC statuses instead (see the [`grpc`](crate::http::grpc) docs).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Rejection {
@@ -104,6 +108,14 @@ pub enum Rejection {
     /// the guard, or a task it spawned did), so nothing was committed.
     #[error("the handler still held the transaction after it answered, so nothing was committed")]
     TransactionHeld,
+    /// gRPC: a keyed call whose request is not exactly one message (a client stream), which
+    /// has no single request to fingerprint and replay; nothing was run.
+    #[error("idempotency keys apply to unary calls only: the request is not exactly one message; nothing was run")]
+    NotUnary,
+    /// gRPC: the call's `grpc-timeout` passed while it waited for the first call with its
+    /// key; it ran nothing.
+    #[error("the call's deadline passed while it waited for the first call with its idempotency key; nothing was run")]
+    DeadlineExceeded,
 }
 
 impl Rejection {
@@ -205,6 +217,18 @@ impl Rejection {
                 "urn:tower-idempotency:transaction-held",
                 "Internal error",
                 "the request failed and nothing of it was committed, so retrying with the same key runs it again".to_owned(),
+            ),
+            Rejection::NotUnary => (
+                S::BAD_REQUEST,
+                "urn:tower-idempotency:not-unary",
+                "Streaming call",
+                "idempotency keys apply to unary calls only; send streaming calls without a key".to_owned(),
+            ),
+            Rejection::DeadlineExceeded => (
+                S::GATEWAY_TIMEOUT,
+                "urn:tower-idempotency:deadline-exceeded",
+                "Deadline exceeded",
+                "the request's deadline passed while it waited for the first request with its idempotency key; nothing was run".to_owned(),
             ),
         };
         Problem::new(status, type_uri, title).detail(detail)

@@ -17,21 +17,25 @@ use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument;
 
-#[cfg(feature = "sqlx")]
-use super::transactional::{self, HttpBegin};
 use super::{
     answer::{rejection_for, render, replay},
     body::{self, ResponseBody},
     config::Config,
     detach::{BoxFuture, DetachOnDrop},
     fingerprint::fingerprint,
+    grpc,
     key::parse_key,
     layer::IdempotencyLayer,
-    policy::DoNotStore,
+    policy::{self, Outcome},
     rejection::Rejection,
     request_body::read_body,
     scope,
     tee::{Recorder, Tee},
+};
+#[cfg(feature = "sqlx")]
+use super::{
+    transactional,
+    tx_mode::{HttpBegin, SharedTxMode},
 };
 use crate::{
     engine::{Begin, Claim},
@@ -142,10 +146,10 @@ impl<F, E> ResponseFuture<F, E> {
         Self { state }
     }
 
-    fn rejected(config: &Config, rejection: Rejection) -> Self {
+    fn rejected(config: &Config, grpc: bool, rejection: Rejection) -> Self {
         Self {
             state: State::Rejected {
-                response: Some(render(config, rejection)),
+                response: Some(render(config, grpc, rejection)),
             },
         }
     }
@@ -208,9 +212,13 @@ where
                 }
                 return ResponseFuture::passthrough(self.inner.call(request));
             }
-            Ok(None) => return ResponseFuture::rejected(config, Rejection::MissingKey),
+            Ok(None) => {
+                let grpc = grpc::is_grpc(request.headers());
+                return ResponseFuture::rejected(config, grpc, Rejection::MissingKey);
+            }
             Err(invalid) => {
-                return ResponseFuture::rejected(config, Rejection::InvalidKey(invalid))
+                let grpc = grpc::is_grpc(request.headers());
+                return ResponseFuture::rejected(config, grpc, Rejection::InvalidKey(invalid));
             }
         };
         let inner = take_ready(&mut self.inner);
@@ -245,15 +253,21 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
+    let grpc = grpc::is_grpc(&parts.headers);
     let scope = match (config.scope)(&parts) {
         Some(scope) => scope,
         None if config.anonymous_scope => scope::ANONYMOUS.to_owned(),
         None => {
-            let answer = render(&config, Rejection::MissingIdentity);
+            let answer = render(&config, grpc, Rejection::MissingIdentity);
             return Box::pin(std::future::ready(Ok(answer)));
         }
     };
     let key = StoreKey::new(scope, key);
+    // A gRPC call's deadline bounds its wait for the first call with its key.
+    let deadline = grpc
+        .then(|| grpc::timeout_of(&parts.headers))
+        .flatten()
+        .map(|timeout| tokio::time::Instant::now() + timeout);
     // DEBUG, as tower-http's `TraceLayer` spans are: at INFO a formatting subscriber builds
     // and formats every request's span, about a microsecond each. The engine's and the tee's
     // warnings and errors name their key themselves.
@@ -262,8 +276,12 @@ where
     let work = async move {
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
             Ok(body) => body,
-            Err(rejection) => return Ok(render(&config, rejection)),
+            Err(rejection) => return Ok(render(&config, grpc, rejection)),
         };
+        // A client stream has no one request to fingerprint and replay.
+        if grpc && grpc::single_message(&body).is_none() {
+            return Ok(render(&config, grpc, Rejection::NotUnary));
+        }
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         #[cfg(feature = "sqlx")]
         if let Some(mode) = config.transactional.clone() {
@@ -271,24 +289,32 @@ where
             let claim_and_run: BoxFuture<_> = Box::pin(async move {
                 let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
                     Ok(Some(HttpBegin::Run(owner))) => (owner, inner),
-                    Ok(Some(HttpBegin::Replay(payload))) => return Ok(replay(&config, payload)),
+                    Ok(Some(HttpBegin::Replay(payload))) => {
+                        return Ok(replay(&config, grpc, payload))
+                    }
                     Ok(None) => {
                         // As in the separate mode: a waiting duplicate holds no readied service.
                         let unreadied = inner.clone();
                         drop(inner);
-                        match Box::pin(mode.wait_for(key.clone(), fingerprint)).await {
-                            Ok(HttpBegin::Run(owner)) => match ready(unreadied).await {
+                        let waited = Box::pin(mode.wait_for(key.clone(), fingerprint));
+                        match within(deadline, waited).await {
+                            None => return Ok(render(&config, grpc, Rejection::DeadlineExceeded)),
+                            Some(Ok(HttpBegin::Run(owner))) => match ready(unreadied).await {
                                 Ok(inner) => (owner, inner),
                                 Err(error) => {
                                     owner.rollback().await;
                                     return Err(error);
                                 }
                             },
-                            Ok(HttpBegin::Replay(payload)) => return Ok(replay(&config, payload)),
-                            Err(error) => return Ok(render(&config, rejection_for(error))),
+                            Some(Ok(HttpBegin::Replay(payload))) => {
+                                return Ok(replay(&config, grpc, payload))
+                            }
+                            Some(Err(error)) => {
+                                return Ok(render(&config, grpc, rejection_for(error)))
+                            }
                         }
                     }
-                    Err(error) => return Ok(render(&config, rejection_for(error))),
+                    Err(error) => return Ok(render(&config, grpc, rejection_for(error))),
                 };
                 let request = Request::from_parts(parts, ReqBody::from(body));
                 let duplicate = transactional::AsDuplicate {
@@ -303,7 +329,7 @@ where
         let engine = &config.engine;
         let (claim, inner) = match engine.try_begin(&key, &fingerprint).await {
             Ok(Some(Begin::Run(claim))) => (claim, inner),
-            Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, payload)),
+            Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, grpc, payload)),
             Ok(None) => {
                 // A duplicate may wait a long time: it must not hold what the inner
                 // service reserved when it was made ready (a concurrency permit, a pool
@@ -311,19 +337,20 @@ where
                 let unreadied = inner.clone();
                 drop(inner);
                 // Boxed: a rare path, kept out of every request's future.
-                match Box::pin(engine.wait_for(key, fingerprint)).await {
-                    Ok(Begin::Run(claim)) => match ready(unreadied).await {
+                match within(deadline, Box::pin(engine.wait_for(key, fingerprint))).await {
+                    None => return Ok(render(&config, grpc, Rejection::DeadlineExceeded)),
+                    Some(Ok(Begin::Run(claim))) => match ready(unreadied).await {
                         Ok(inner) => (claim, inner),
                         Err(error) => {
                             give_up(claim).await;
                             return Err(error);
                         }
                     },
-                    Ok(Begin::Replay(payload)) => return Ok(replay(&config, payload)),
-                    Err(error) => return Ok(render(&config, rejection_for(error))),
+                    Some(Ok(Begin::Replay(payload))) => return Ok(replay(&config, grpc, payload)),
+                    Some(Err(error)) => return Ok(render(&config, grpc, rejection_for(error))),
                 }
             }
-            Err(error) => return Ok(render(&config, rejection_for(error))),
+            Err(error) => return Ok(render(&config, grpc, rejection_for(error))),
         };
         handle(inner, claim, parts, body, config).await
     }
@@ -355,6 +382,14 @@ where
     Box::pin(execute(inner, claim, request, config))
 }
 
+/// `wait` bounded by `deadline`: `None` when the deadline came first.
+async fn within<F: Future>(deadline: Option<tokio::time::Instant>, wait: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(wait.await),
+        Some(deadline) => tokio::time::timeout_at(deadline, wait).await.ok(),
+    }
+}
+
 /// Drives `service` to readiness.
 async fn ready<S, R>(mut service: S) -> Result<S, S::Error>
 where
@@ -369,7 +404,7 @@ where
 #[cfg(feature = "sqlx")]
 async fn unkeyed<S, ReqBody, ResBody>(
     inner: S,
-    mode: transactional::SharedTxMode,
+    mode: SharedTxMode,
     request: Request<ReqBody>,
     config: std::sync::Arc<Config>,
 ) -> Result<Response<ResponseBody>, S::Error>
@@ -408,9 +443,10 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let grpc = grpc::is_grpc(request.headers());
     let handler = AssertUnwindSafe(inner.call(request)).catch_unwind();
     async move {
-        let (release, answer) = settle(handler.await, claim, config);
+        let (release, answer) = settle(handler.await, claim, config, grpc);
         if let Some(release) = release {
             release.await;
         }
@@ -426,6 +462,7 @@ fn settle<ResBody, E>(
     ended: Result<Result<Response<ResBody>, E>, Box<dyn std::any::Any + Send>>,
     claim: Claim,
     config: std::sync::Arc<Config>,
+    grpc: bool,
 ) -> (Option<BoxFuture<()>>, Result<Response<ResponseBody>, E>)
 where
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -436,12 +473,12 @@ where
         Ok(Err(error)) => return (Some(give_up(claim)), Err(error)),
         Err(_panic) => {
             tracing::error!(key = %claim.key().log_id(), "inner service panicked; releasing the key");
-            let answer = render(&config, Rejection::HandlerPanicked);
+            let answer = render(&config, grpc, Rejection::HandlerPanicked);
             return (Some(give_up(claim)), Ok(answer));
         }
     };
-    if response.extensions().get::<DoNotStore>().is_some() || !(config.is_final)(response.status())
-    {
+    let outcome = policy::outcome(&response, &config.is_final, &config.is_final_grpc);
+    if outcome == Outcome::NotFinal {
         tracing::debug!(status = %response.status(), "outcome not final; releasing the key");
         return (Some(give_up(claim)), Ok(response.map(body::boxed)));
     }
@@ -454,6 +491,7 @@ where
         &parts.headers,
         &response_body.size_hint(),
         config,
+        outcome == Outcome::ByTrailers,
     );
     let body = body::boxed(Tee::new(body::boxed(response_body), recorder));
     (None, Ok(Response::from_parts(parts, body)))

@@ -34,6 +34,7 @@ use http_body_util::BodyExt;
 use super::{
     body::ResponseBody,
     config::Config,
+    policy,
     replay::{self, Encoder},
 };
 use crate::{engine::Claim, BoxError};
@@ -49,6 +50,8 @@ pub(crate) struct Recorder {
     config: Arc<Config>,
     copy: Kept,
     over_limit: bool,
+    /// A gRPC response whose trailers decide whether it is stored (`grpc-status`).
+    by_trailers: bool,
 }
 
 /// The body as the caller got it. A body of one frame (the common case) is kept as that
@@ -104,6 +107,7 @@ impl Recorder {
         headers: &HeaderMap,
         body_hint: &SizeHint,
         config: Arc<Config>,
+        by_trailers: bool,
     ) -> Self {
         // Room for the whole body when its length is known and storable; a body over the
         // limit is not stored, a longer one than hinted grows the buffer.
@@ -118,6 +122,7 @@ impl Recorder {
             config,
             copy: Kept::Empty,
             over_limit: false,
+            by_trailers,
         }
     }
 
@@ -134,8 +139,16 @@ impl Recorder {
         }
     }
 
-    /// Records the outcome (the body ended, with `trailers` if any).
+    /// Records the outcome (the body ended, with `trailers` if any), or releases the key when
+    /// the trailers say the gRPC call failed with a status not to store.
     fn finish(self, trailers: Option<&HeaderMap>) -> BoxFuture {
+        if self.by_trailers && !policy::trailers_final(trailers, &self.config.is_final_grpc) {
+            tracing::debug!(key = %self.claim.key().log_id(), "gRPC status not final; releasing the key");
+            let claim = self.claim;
+            return Box::pin(async move {
+                let _ = claim.release().await;
+            });
+        }
         let payload = if self.over_limit {
             replay::encode_not_stored(self.status)
         } else {

@@ -96,6 +96,8 @@ pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
         R::ResponseBodyFailed => "response_body_failed",
         R::NotCommitted { .. } => "not_committed",
         R::TransactionHeld => "transaction_held",
+        R::NotUnary => "not_unary",
+        R::DeadlineExceeded => "deadline_exceeded",
     };
     rejected(reason);
 }

@@ -1,0 +1,267 @@
+//! The gRPC face of the layer: a call is told apart by its `content-type`
+//! (`application/grpc`, `application/grpc+proto`, ...), and everything the layer answers by
+//! itself on such a call is a gRPC status, never an HTTP error body.
+//!
+//! gRPC runs over HTTP/2 POSTs whose answers are always HTTP 200; the outcome is the
+//! `grpc-status` trailer (or header, in a "trailers-only" answer). So this needs no gRPC
+//! library: the rejections are trailers-only answers built from `http` types, and a
+//! handler's own status is read from its response's trailers to decide whether to store it.
+//!
+//! # Which statuses are stored
+//!
+//! As for HTTP, an outcome is stored when a retry should get it again, and the key is
+//! released when the call did not happen or may succeed if tried again
+//! ([`is_final_grpc_by_default`], replaceable with
+//! [`IdempotencyLayer::store_grpc_status`](super::IdempotencyLayer::store_grpc_status)):
+//!
+//! | stored (replayed) | released (a retry runs again) |
+//! |---|---|
+//! | `OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `PERMISSION_DENIED`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`, `UNAUTHENTICATED` | `CANCELLED`, `UNKNOWN`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `INTERNAL`, `UNAVAILABLE`, `DATA_LOSS`, an unknown code, and a response without `grpc-status` |
+//!
+//! # The layer's own answers on a gRPC call
+//!
+//! | rejection | gRPC status |
+//! |---|---|
+//! | missing or malformed key, unreadable request | `INVALID_ARGUMENT` |
+//! | the key was used with another request | `INVALID_ARGUMENT` (the message says so) |
+//! | no caller identity to scope the key by | `UNAUTHENTICATED` |
+//! | request over the fingerprint limit | `RESOURCE_EXHAUSTED` |
+//! | a client stream (not exactly one request message) | `UNIMPLEMENTED` |
+//! | first call still running, reject policy | `ABORTED` + `grpc-retry-pushback-ms` |
+//! | the database is busy with other writers (SQLite, transactional mode) | `ABORTED` + `grpc-retry-pushback-ms` |
+//! | store unavailable, transaction not committed | `UNAVAILABLE` + `grpc-retry-pushback-ms` |
+//! | the call's `grpc-timeout` passed while it waited for the first one | `DEADLINE_EXCEEDED` |
+//! | first call completed but its response was too large to store | `ALREADY_EXISTS` |
+//! | the handler panicked, its body failed, it kept the transaction | `INTERNAL` |
+//!
+//! # Streaming
+//!
+//! A keyed call must be unary on the request side: a request body that is not exactly one
+//! message is refused with `UNIMPLEMENTED` before anything runs, since a client stream has
+//! no single request to fingerprint and replay. (A bidirectional stream that waits for a
+//! reply before its client half ends would wait on the layer: send no key on such calls.) A
+//! server stream under a key is recorded whole — every message and the trailers, up to the
+//! response limit — while its key stays claimed, and replayed whole; keep keys off
+//! long-lived streams. Calls without a key pass through untouched, as on HTTP.
+
+use std::time::Duration;
+
+use http::{header, HeaderMap, HeaderValue, Response};
+
+use super::rejection::Rejection;
+
+/// Whether a request or response is gRPC, by its `content-type`.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// gRPC status codes the layer uses (the numbers are fixed by the gRPC protocol).
+mod code {
+    pub(super) const OK: i32 = 0;
+    pub(super) const INVALID_ARGUMENT: i32 = 3;
+    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(super) const NOT_FOUND: i32 = 5;
+    pub(super) const ALREADY_EXISTS: i32 = 6;
+    pub(super) const PERMISSION_DENIED: i32 = 7;
+    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
+    pub(super) const FAILED_PRECONDITION: i32 = 9;
+    pub(super) const ABORTED: i32 = 10;
+    pub(super) const OUT_OF_RANGE: i32 = 11;
+    pub(super) const UNIMPLEMENTED: i32 = 12;
+    pub(super) const INTERNAL: i32 = 13;
+    pub(super) const UNAVAILABLE: i32 = 14;
+    pub(super) const UNAUTHENTICATED: i32 = 16;
+}
+
+/// The default for gRPC calls: which `grpc-status` codes are stored and replayed (see the
+/// table in the [module docs](self)). The others release the key so a retry runs again.
+///
+/// ```
+/// use tower_idempotency::is_final_grpc_by_default;
+/// assert!(is_final_grpc_by_default(0)); // OK
+/// assert!(is_final_grpc_by_default(3)); // INVALID_ARGUMENT
+/// assert!(!is_final_grpc_by_default(14)); // UNAVAILABLE
+/// ```
+pub fn is_final_grpc_by_default(code: i32) -> bool {
+    matches!(
+        code,
+        code::OK
+            | code::INVALID_ARGUMENT
+            | code::NOT_FOUND
+            | code::ALREADY_EXISTS
+            | code::PERMISSION_DENIED
+            | code::FAILED_PRECONDITION
+            | code::OUT_OF_RANGE
+            | code::UNIMPLEMENTED
+            | code::UNAUTHENTICATED
+    )
+}
+
+/// The `grpc-status` in `map` (trailers, or the headers of a trailers-only answer); `None`
+/// when absent or not a number.
+pub(crate) fn status_of(map: &HeaderMap) -> Option<i32> {
+    map.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+/// The code and message a rejection is answered with on a gRPC call, and the delay to
+/// suggest.
+fn status_for(rejection: &Rejection) -> (i32, Option<Duration>) {
+    let code = match rejection {
+        Rejection::MissingKey
+        | Rejection::InvalidKey(_)
+        | Rejection::BodyUnreadable
+        | Rejection::KeyReused => code::INVALID_ARGUMENT,
+        Rejection::MissingIdentity => code::UNAUTHENTICATED,
+        Rejection::BodyTooLarge { .. } => code::RESOURCE_EXHAUSTED,
+        Rejection::NotUnary => code::UNIMPLEMENTED,
+        Rejection::InProgress { .. } | Rejection::StoreBusy { .. } => code::ABORTED,
+        Rejection::StoreUnavailable { .. } | Rejection::NotCommitted { .. } => code::UNAVAILABLE,
+        Rejection::DeadlineExceeded => code::DEADLINE_EXCEEDED,
+        Rejection::ResponseNotStored { .. } => code::ALREADY_EXISTS,
+        Rejection::HandlerPanicked | Rejection::ResponseBodyFailed | Rejection::TransactionHeld => {
+            code::INTERNAL
+        }
+    };
+    (code, rejection.retry_after())
+}
+
+/// A rejection as a gRPC trailers-only answer: HTTP 200, `grpc-status`, a percent-encoded
+/// `grpc-message` (the rejection's text), and `grpc-retry-pushback-ms` where a retry can
+/// cure it (gRPC's retry policy honours it).
+pub(crate) fn rejection_response<B: Default>(rejection: &Rejection) -> Response<B> {
+    let (code, retry_after) = status_for(rejection);
+    let mut response = Response::new(B::default());
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", HeaderValue::from(code));
+    let message = percent_encode(&rejection.to_string());
+    if let Ok(message) = HeaderValue::from_str(&message) {
+        headers.insert("grpc-message", message);
+    }
+    if let Some(delay) = retry_after {
+        let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
+    }
+    response
+}
+
+/// `grpc-message` is percent-encoded: every byte outside printable ASCII, and `%` itself.
+fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for byte in message.bytes() {
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// The deadline a call carries in `grpc-timeout` (`<digits><unit>`, unit one of `H M S m u
+/// n`): `None` when absent or malformed.
+pub(crate) fn timeout_of(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let split = value.len().checked_sub(1)?;
+    let (digits, unit) = value.split_at(split);
+    // The protocol allows at most 8 digits.
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// The one message of a unary request body (length-prefixed: a compression flag byte, a
+/// 4-byte big-endian length, the message): `None` unless the body is exactly one whole
+/// message. The message is returned as sent, compressed when its flag says so.
+pub(crate) fn single_message(body: &[u8]) -> Option<(bool, &[u8])> {
+    let (&flag, rest) = body.split_first()?;
+    let (length, message) = rest.split_first_chunk::<4>()?;
+    let length = usize::try_from(u32::from_be_bytes(*length)).ok()?;
+    (message.len() == length && flag <= 1).then_some((flag == 1, message))
+}
+
+/// The message of a unary gRPC request body, for a key extractor to decode (e.g. with prost,
+/// to read an AIP-155 `request_id`): `None` when the body is not exactly one uncompressed
+/// message (a compressed one is left to the service to decode).
+///
+/// ```
+/// use tower_idempotency::grpc_message;
+/// let body = [0, 0, 0, 0, 3, b'a', b'b', b'c'];
+/// assert_eq!(grpc_message(&body), Some(&b"abc"[..]));
+/// assert_eq!(grpc_message(&body[..6]), None);
+/// ```
+pub fn grpc_message(body: &[u8]) -> Option<&[u8]> {
+    match single_message(body)? {
+        (false, message) => Some(message),
+        (true, _) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detection_is_by_content_type() {
+        for (value, grpc) in [
+            ("application/grpc", true),
+            ("application/grpc+proto", true),
+            ("application/grpc-web", true),
+            ("application/json", false),
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
+            assert_eq!(is_grpc(&headers), grpc, "{value}");
+        }
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn timeouts_parse_every_unit_and_refuse_garbage() {
+        let parse = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("grpc-timeout", HeaderValue::from_static(value));
+            timeout_of(&headers)
+        };
+        assert_eq!(parse("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse("4S"), Some(Duration::from_secs(4)));
+        assert_eq!(parse("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse("9n"), Some(Duration::from_nanos(9)));
+        for garbage in ["", "m", "123456789m", "5x", "-5m"] {
+            assert_eq!(parse(garbage), None, "{garbage}");
+        }
+    }
+
+    #[test]
+    fn only_one_whole_message_is_unary() {
+        assert_eq!(single_message(&[0, 0, 0, 0, 0]), Some((false, &[][..])));
+        assert_eq!(single_message(&[1, 0, 0, 0, 1, 9]), Some((true, &[9][..])));
+        // Two messages, a cut one, a bad flag, nothing.
+        assert_eq!(single_message(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0]), None);
+        assert_eq!(single_message(&[0, 0, 0, 0, 2, 9]), None);
+        assert_eq!(single_message(&[2, 0, 0, 0, 0]), None);
+        assert_eq!(single_message(&[]), None);
+    }
+
+    #[test]
+    fn messages_are_percent_encoded() {
+        assert_eq!(percent_encode("100% sûr"), "100%25 s%C3%BBr");
+    }
+}
