@@ -23,7 +23,9 @@ use http::uri::PathAndQuery;
 use tonic::{transport::Channel, Code, Request, Response, Status};
 use tonic_prost::ProstCodec;
 use tower::ServiceBuilder;
-use tower_idempotency::{store::PostgresStore, IdempotencyLayer, StoreKey};
+use tower_idempotency::{
+    store::PostgresStore, Engine, IdempotencyLayer, InProgressPolicy, StoreKey,
+};
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct ChargeRequest {
@@ -147,10 +149,18 @@ async fn client(addr: SocketAddr) -> tonic::client::Grpc<Channel> {
 /// One call: the reply's message and metadata (headers and trailers, which tonic merges for
 /// a unary call) minus `date`, or its status.
 async fn charge(
-    mut client: tonic::client::Grpc<Channel>,
+    client: tonic::client::Grpc<Channel>,
     key: Option<&str>,
 ) -> Result<(ChargeReply, Vec<(String, String)>), Status> {
-    let mut request = Request::new(ChargeRequest { amount: 1200 });
+    charge_amount(client, key, 1200).await
+}
+
+async fn charge_amount(
+    mut client: tonic::client::Grpc<Channel>,
+    key: Option<&str>,
+    amount: i64,
+) -> Result<(ChargeReply, Vec<(String, String)>), Status> {
+    let mut request = Request::new(ChargeRequest { amount });
     request
         .metadata_mut()
         .insert("authorization", "Bearer alice".parse().unwrap());
@@ -275,4 +285,78 @@ async fn unavailable_is_not_stored_so_the_retry_runs_and_charges_once() {
     )
     .await;
     assert_eq!(effects, 1);
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_message_is_invalid_argument_and_runs_nothing() {
+    let Some((addr, payments)) = setup(IdempotencyLayer::new).await else {
+        return;
+    };
+    let key = key("reuse");
+    charge_amount(client(addr).await, Some(&key), 1200)
+        .await
+        .expect("the first call runs");
+    let status = charge_amount(client(addr).await, Some(&key), 9900)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("different request"),
+        "the message says why: {status:?}"
+    );
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_of_a_running_call_under_the_reject_policy_is_aborted_with_a_pushback() {
+    let Some((addr, payments)) = setup(|store| {
+        let engine = Engine::builder(store)
+            .in_progress(InProgressPolicy::Reject)
+            .retry_after(std::time::Duration::from_millis(1500))
+            .build()
+            .unwrap();
+        IdempotencyLayer::from_engine(engine)
+    })
+    .await
+    else {
+        return;
+    };
+    let key = key("reject");
+    let owner = {
+        let client = client(addr).await;
+        let key = key.clone();
+        tokio::spawn(async move { charge(client, Some(&key)).await })
+    };
+    // The owner's handler holds 50 ms; wait until it is inside it.
+    while payments.attempts.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let mut request = Request::new(ChargeRequest { amount: 1200 });
+    request
+        .metadata_mut()
+        .insert("authorization", "Bearer alice".parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("idempotency-key", key.parse().unwrap());
+    let mut duplicate = client(addr).await;
+    duplicate.ready().await.unwrap();
+    let status = duplicate
+        .unary(
+            request,
+            PathAndQuery::from_static("/test.Payments/Charge"),
+            ProstCodec::<ChargeRequest, ChargeReply>::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert_eq!(
+        status
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .and_then(|v| v.to_str().ok()),
+        Some("1500"),
+        "{status:?}"
+    );
+    owner.await.unwrap().expect("the owner completes");
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
 }
