@@ -3,9 +3,9 @@
 //! the status before its irreversible step. Found by the spin model (model/README.md,
 //! finding 1, run `is-lost-after-pause`).
 //!
-//! Ignored: it fails today. The flag is set only by the renewal task, which has not run yet
-//! when the handler resumes, so the status still says "held" although another request has
-//! taken the key over. Run it with `cargo test --test claim_status_after_pause -- --ignored`.
+//! It failed while the flag was set only by the renewal task, which has not run yet when the
+//! handler resumes: the status said "held" although another request had taken the key over.
+//! `is_lost()` now also compares this process' clock with the end of the last confirmed lease.
 
 use std::{sync::Arc, time::Duration};
 
@@ -18,7 +18,6 @@ use tower_idempotency::{
 const LEASE: Duration = Duration::from_millis(200);
 
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "fails until ClaimStatus also consults the owner's clock (model/README.md, finding 1)"]
 async fn a_claim_paused_past_its_lease_and_taken_over_is_reported_lost() {
     let store = Arc::new(MemoryStore::new());
     let engine = Engine::builder_shared(store.clone())

@@ -47,7 +47,7 @@ impl Claim {
         claimed_at: Instant,
         in_flight: InFlightGuard,
     ) -> Self {
-        let lost = LostFlag::new();
+        let lost = LostFlag::new(claimed_at + engine.shared.config.lease);
         let renewal = Renewal::start(engine.clone(), key.clone(), token, claimed_at, lost.clone());
         Self {
             engine,
@@ -141,6 +141,7 @@ impl Claim {
     fn settle(&mut self) {
         self.settled = true;
         self.renewal.stop();
+        self.lost.settled();
     }
 }
 
@@ -158,6 +159,7 @@ impl Drop for Claim {
             return;
         }
         self.renewal.stop();
+        self.lost.settled();
         let (engine, key, token) = (self.engine.clone(), self.key.clone(), self.token);
         let in_flight = self.in_flight.take();
         match tokio::runtime::Handle::try_current() {

@@ -183,6 +183,7 @@ async fn renew(engine: Engine, key: StoreKey, token: Token, claimed_at: Instant,
             Ok(()) => {
                 tracing::trace!(key = %key.log_id(), "lease renewed");
                 held_until = attempt + config.lease;
+                lost.renewed(held_until);
                 next = attempt + config.renew_every();
             }
             Err(StoreError::StaleToken) => {

@@ -2,18 +2,20 @@
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
-    Arc,
+    Arc, Mutex,
 };
 
-use tokio::sync::Notify;
+use tokio::{sync::Notify, time::Instant};
 
 /// Whether a running operation still owns its key. Cheap to clone; the HTTP layer puts one in
 /// the request's extensions, so a handler can check it before an irreversible step, or race
 /// its work against [`lost`](Self::lost).
 ///
 /// A claim counts as lost when a renewal is refused (another request took the key over after
-/// the lease ran out), or when renewals kept failing until the lease, as far as this process
-/// can tell, ran out. Its outcome will then not be recorded (the store's fence refuses it) and
+/// the lease ran out), or once this process' clock passes the end of the last lease the store
+/// confirmed, whether renewals kept failing or the process was paused (a GC pause, SIGSTOP,
+/// an overloaded host) before its renewal task could run. The end is measured from the moment
+/// the claim or renewal was sent, so it comes no later than the store's own expiry. Its outcome will then not be recorded (the store's fence refuses it) and
 /// a duplicate may run the operation again.
 ///
 /// ```
@@ -34,24 +36,47 @@ pub struct ClaimStatus {
 /// Not a `watch` channel: dropping a claim's last `watch::Sender` wakes the receivers to
 /// say it closed, which takes eight locks on every request, while nothing here needs to hear
 /// of a claim that settled (its [`ClaimStatus::lost`] pends forever either way).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Flag {
     lost: AtomicBool,
     changed: Notify,
+    /// The end of the last lease the store confirmed, by this process' clock. Checked by
+    /// `is_lost` itself because the renewal task cannot run while the process is paused: a
+    /// handler that resumes after a pause past the lease must not read "held" (model/README.md,
+    /// finding 1). `None` once the claim settled: nothing can be lost any more.
+    held_until: Mutex<Option<Instant>>,
 }
 
 /// The renewal task's side. Clones share the flag (the claim holds one, its renewal another).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct LostFlag(Arc<Flag>);
 
 impl LostFlag {
-    pub(crate) fn new() -> Self {
-        Self::default()
+    /// A flag for a claim whose lease ends at `held_until` unless renewed.
+    pub(crate) fn new(held_until: Instant) -> Self {
+        Self(Arc::new(Flag {
+            lost: AtomicBool::new(false),
+            changed: Notify::new(),
+            held_until: Mutex::new(Some(held_until)),
+        }))
     }
 
     pub(crate) fn set(&self) {
         self.0.lost.store(true, Ordering::SeqCst);
         self.0.changed.notify_waiters();
+    }
+
+    /// A renewal succeeded: the lease now ends at `held_until`.
+    pub(crate) fn renewed(&self, held_until: Instant) {
+        let mut until = self.0.held_until();
+        if until.is_some() {
+            *until = Some(held_until);
+        }
+    }
+
+    /// The claim was completed or released (or dropped): its lease no longer matters.
+    pub(crate) fn settled(&self) {
+        *self.0.held_until() = None;
     }
 
     pub(crate) fn status(&self) -> ClaimStatus {
@@ -61,22 +86,56 @@ impl LostFlag {
     }
 }
 
+impl Flag {
+    fn held_until(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        // An Instant cannot be left half-written: a poisoned lock still holds a valid one.
+        self.held_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 impl ClaimStatus {
-    /// True once the claim is lost (see the type's docs). Never turns back to false.
+    /// True once the claim is lost (see the type's docs). Never turns back to false: a lease
+    /// that ran out, even if renewed later, left a window in which a duplicate could start.
     pub fn is_lost(&self) -> bool {
-        self.flag.lost.load(Ordering::SeqCst)
+        if self.flag.lost.load(Ordering::SeqCst) {
+            return true;
+        }
+        if self
+            .flag
+            .held_until()
+            .is_some_and(|until| Instant::now() >= until)
+        {
+            self.flag.lost.store(true, Ordering::SeqCst);
+            return true;
+        }
+        false
     }
 
     /// Resolves when the claim is lost; pending forever while it is held, and after it was
     /// completed or released.
     pub async fn lost(&self) {
-        // Listen first, check second: a `set` in between still wakes this.
-        let changed = self.flag.changed.notified();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        if !self.is_lost() {
-            // `set` is the only change, and it is final.
-            changed.await;
+        loop {
+            // Listen first, check second: a `set` in between still wakes this.
+            let changed = self.flag.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
+            let until = *self.flag.held_until();
+            match until {
+                // Settled: only a `set` could still come, and none will.
+                None => changed.await,
+                // Wake at the lease's end too; a renewal may have moved it, so look again.
+                Some(until) => {
+                    tokio::select! {
+                        () = changed => {}
+                        () = tokio::time::sleep_until(until) => {}
+                    }
+                }
+            }
         }
     }
 }
@@ -89,7 +148,7 @@ mod tests {
 
     #[tokio::test]
     async fn lost_resolves_when_the_flag_is_set_before_or_while_it_waits() {
-        let flag = LostFlag::new();
+        let flag = LostFlag::new(Instant::now() + Duration::from_secs(3600));
         let status = flag.status();
         assert!(!status.is_lost());
         let waiting = tokio::spawn({
@@ -112,8 +171,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn lost_pends_after_the_claim_settled() {
-        let flag = LostFlag::new();
+        let flag = LostFlag::new(Instant::now() + Duration::from_secs(1));
         let status = flag.status();
+        flag.settled();
         drop(flag);
         assert!(!status.is_lost());
         assert!(
@@ -122,5 +182,22 @@ mod tests {
                 .is_err(),
             "a settled claim was reported lost"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_owners_clock_passing_the_lease_is_a_loss_even_before_the_renewal_task_runs() {
+        let flag = LostFlag::new(Instant::now() + Duration::from_secs(1));
+        let status = flag.status();
+        assert!(!status.is_lost());
+        tokio::time::advance(Duration::from_millis(900)).await;
+        flag.renewed(Instant::now() + Duration::from_secs(1));
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert!(!status.is_lost(), "the renewal moved the end of the lease");
+        tokio::time::timeout(Duration::from_secs(5), status.lost())
+            .await
+            .expect("lost() resolves when the lease runs out by this process' clock");
+        assert!(status.is_lost());
+        flag.renewed(Instant::now() + Duration::from_secs(1));
+        assert!(status.is_lost(), "a loss never turns back to held");
     }
 }
