@@ -13,7 +13,7 @@ use std::{
     net::SocketAddr,
     pin::Pin,
     sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
 };
@@ -49,6 +49,8 @@ struct Payments {
     attempts: Arc<AtomicUsize>,
     /// The next call fails with UNAVAILABLE before it does anything.
     fail_next: Arc<AtomicBool>,
+    /// How long a call holds before it charges, in milliseconds.
+    hold_ms: Arc<AtomicU64>,
 }
 
 impl tonic::server::NamedService for Payments {
@@ -101,7 +103,8 @@ impl tonic::server::UnaryService<ChargeRequest> for Charge {
                 .unwrap_or("")
                 .to_owned();
             // Held a moment so that concurrent duplicates really overlap the owner.
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let hold = payments.hold_ms.load(Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {} (k) VALUES ($1)",
                 payments.table
@@ -198,6 +201,7 @@ async fn setup(
         table: table.into(),
         attempts: Arc::new(AtomicUsize::new(0)),
         fail_next: Arc::new(AtomicBool::new(false)),
+        hold_ms: Arc::new(AtomicU64::new(50)),
     };
     let addr = serve(layer(store), payments.clone()).await;
     Some((addr, payments))
@@ -322,12 +326,15 @@ async fn a_duplicate_of_a_running_call_under_the_reject_policy_is_aborted_with_a
         return;
     };
     let key = key("reject");
+    // Long enough that the duplicate surely arrives while the owner runs, on a loaded machine.
+    payments.hold_ms.store(2000, Ordering::SeqCst);
+    let mut duplicate = client(addr).await;
     let owner = {
         let client = client(addr).await;
         let key = key.clone();
         tokio::spawn(async move { charge(client, Some(&key)).await })
     };
-    // The owner's handler holds 50 ms; wait until it is inside it.
+    // Wait until the owner is inside its handler.
     while payments.attempts.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
@@ -338,7 +345,6 @@ async fn a_duplicate_of_a_running_call_under_the_reject_policy_is_aborted_with_a
     request
         .metadata_mut()
         .insert("idempotency-key", key.parse().unwrap());
-    let mut duplicate = client(addr).await;
     duplicate.ready().await.unwrap();
     let status = duplicate
         .unary(
