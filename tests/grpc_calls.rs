@@ -328,7 +328,7 @@ async fn a_duplicate_of_a_running_call_under_the_reject_policy_is_aborted_with_a
     let key = key("reject");
     // Long enough that the duplicate surely arrives while the owner runs, on a loaded machine.
     payments.hold_ms.store(2000, Ordering::SeqCst);
-    let mut duplicate = client(addr).await;
+    let duplicate = client(addr).await;
     let owner = {
         let client = client(addr).await;
         let key = key.clone();
@@ -338,22 +338,7 @@ async fn a_duplicate_of_a_running_call_under_the_reject_policy_is_aborted_with_a
     while payments.attempts.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
-    let mut request = Request::new(ChargeRequest { amount: 1200 });
-    request
-        .metadata_mut()
-        .insert("authorization", "Bearer alice".parse().unwrap());
-    request
-        .metadata_mut()
-        .insert("idempotency-key", key.parse().unwrap());
-    duplicate.ready().await.unwrap();
-    let status = duplicate
-        .unary(
-            request,
-            PathAndQuery::from_static("/test.Payments/Charge"),
-            ProstCodec::<ChargeRequest, ChargeReply>::default(),
-        )
-        .await
-        .unwrap_err();
+    let status = charge(duplicate, Some(&key)).await.unwrap_err();
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
     assert_eq!(
         status
