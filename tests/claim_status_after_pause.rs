@@ -22,7 +22,7 @@ async fn a_claim_paused_past_its_lease_and_taken_over_is_reported_lost() {
     let store = Arc::new(MemoryStore::new());
     let engine = Engine::builder_shared(store.clone())
         .lease(LEASE)
-        .store_timeout(LEASE / 5)
+        .store_timeout(LEASE / 6)
         .build()
         .expect("valid timings");
     let key = StoreKey::new("model", "paused-owner");

@@ -40,9 +40,9 @@ use tower_idempotency::{
     Engine, Fingerprint, InProgressPolicy, Record, StoreKey, Token,
 };
 
-/// Short enough for a quick suite, long enough for a loaded machine: renewals every 300 ms,
-/// a failed one retried after 75 ms, each store call bounded by 250 ms.
-const LEASE: Duration = Duration::from_millis(1200);
+/// Short enough for a quick suite, long enough for a loaded machine: renewals every 350 ms,
+/// a failed one retried after 87 ms, each store call bounded by 250 ms.
+const LEASE: Duration = Duration::from_millis(1400);
 const STORE_TIMEOUT: Duration = Duration::from_millis(250);
 
 fn key() -> StoreKey {

@@ -153,7 +153,7 @@ async fn a_handler_slower_than_its_lease_still_runs_once() {
     let runs = Runs::default();
     let layer = layer_with(MemoryStore::new(), |e| {
         e.lease(Duration::from_millis(200))
-            .store_timeout(Duration::from_millis(40))
+            .store_timeout(Duration::from_millis(35))
     })
     .replay_set_cookie(true);
     let app = app(layer, runs.clone());

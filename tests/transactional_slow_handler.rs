@@ -43,7 +43,7 @@ async fn a_handler_slower_than_the_lease_commits_its_charge_once() {
     store.migrate().await.unwrap();
     let engine = Engine::builder(store.clone())
         .lease(LEASE)
-        .store_timeout(LEASE / 5)
+        .store_timeout(LEASE / 6)
         .build()
         .expect("valid timings");
     let mode = Transactional::with_engine(store, engine);

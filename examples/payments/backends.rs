@@ -73,7 +73,7 @@ pub async fn connect(config: &Config) -> Result<Backends, Error> {
             .lease(config.lease)
             // Short leases (tests set 1 s) need a store timeout short enough for two failed
             // renewals to fit in one lease; `build` refuses anything else.
-            .store_timeout(Duration::from_secs(5).min(config.lease / 5))
+            .store_timeout(Duration::from_secs(5).min(config.lease / 6))
             .retention(config.retention)
             .build()
     };

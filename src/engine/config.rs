@@ -65,6 +65,8 @@ impl Default for EngineConfig {
 /// clock by the others: anything longer is refused rather than wrapped or panicking.
 const LONGEST: Duration = Duration::from_millis(i64::MAX as u64 / 2);
 
+const NANOSECOND: Duration = Duration::from_nanos(1);
+
 impl EngineConfig {
     /// The polling backoff of a key's watch: fast when polls are the only way to learn of an
     /// owner in another process finishing, slow when notifications tell it.
@@ -88,11 +90,18 @@ impl EngineConfig {
     }
 
     /// The worst case from a successful renewal to the end of the third attempt after it, when
-    /// the first two fail only at the store timeout. `None` on overflow.
+    /// the first two fail only at the store timeout, plus a sixteenth of the lease for the
+    /// drift between this process' clock and the store's. `None` on overflow.
+    ///
+    /// The lease must be strictly longer: every fence is strict (`expires_at > now`, Redis's
+    /// PX), so an attempt that reaches the store exactly as the lease ends is refused. The
+    /// spin model found both (model/README.md, finding 3): at equality, and at equality minus
+    /// a tick with drift, a live owner lost its key and a duplicate ran the operation again.
     fn renewal_worst_case(&self) -> Option<Duration> {
         self.renew_every()
             .checked_add(self.store_timeout.checked_mul(3)?)?
-            .checked_add(self.renew_retry().checked_mul(2)?)
+            .checked_add(self.renew_retry().checked_mul(2)?)?
+            .checked_add(self.lease / 16)
     }
 
     /// Checks every rule; the first one broken is the error.
@@ -137,13 +146,14 @@ impl EngineConfig {
             }
         }
         match self.renewal_worst_case() {
-            Some(worst) if worst <= self.lease => Ok(()),
+            Some(worst) if worst < self.lease => Ok(()),
             _ => Err(ConfigError::LeaseTooShort {
                 lease: self.lease,
                 store_timeout: self.store_timeout,
-                // lease/4 + 3 T + 2 lease/16 <= lease  <=>  T <= 5 lease / 24
-                max_store_timeout: self.lease * 5 / 24,
-                min_lease: self.store_timeout.saturating_mul(24) / 5,
+                // lease/4 + 3 T + 3 lease/16 < lease  <=>  T < 3 lease / 16; the nanosecond
+                // makes each suggestion land strictly on the accepted side.
+                max_store_timeout: (self.lease * 3 / 16).saturating_sub(NANOSECOND),
+                min_lease: (self.store_timeout.saturating_mul(16) / 3).saturating_add(NANOSECOND),
             }),
         }
     }
@@ -177,7 +187,9 @@ pub enum ConfigError {
 
     /// The lease cannot survive two failed renewals: the owner renews every quarter of the
     /// lease and retries a failure after a sixteenth of it, each attempt bounded by
-    /// `store_timeout`, so `lease/4 + 3 × store_timeout + 2 × lease/16` must fit in the lease.
+    /// `store_timeout`, so `lease/4 + 3 × store_timeout + 2 × lease/16`, plus `lease/16` for
+    /// clock drift, must be shorter than the lease (for the default 5 s store timeout, a lease
+    /// over 26.7 s).
     #[error("a lease of {lease:?} does not survive two failed renewals of up to store_timeout = {store_timeout:?} each; set the lease to at least {min_lease:?} or store_timeout to at most {max_store_timeout:?}")]
     LeaseTooShort {
         /// The lease configured.
@@ -252,6 +264,31 @@ mod tests {
         ));
     }
 
+    /// The old rule's boundary, where the model found a live owner losing its key: a 24 s lease
+    /// with the default 5 s store timeout (in half-seconds: lease 48, timeout 10), and the
+    /// same with one tick less of timeout but clocks that drift (lease 48, timeout 9).
+    #[test]
+    fn leases_the_model_showed_losing_a_live_owner_are_refused() {
+        for (lease, store_timeout) in [(24_000, 5_000), (24_000, 4_500)] {
+            let refused = with(|c| {
+                c.lease = Duration::from_millis(lease);
+                c.store_timeout = Duration::from_millis(store_timeout);
+            });
+            assert!(
+                matches!(refused, Err(ConfigError::LeaseTooShort { .. })),
+                "lease {lease} ms, store timeout {store_timeout} ms: {refused:?}"
+            );
+        }
+        // What the model checked to hold with drift: lease 48, timeout 8, skew 1.
+        assert_eq!(
+            with(|c| {
+                c.lease = Duration::from_millis(24_000);
+                c.store_timeout = Duration::from_millis(4_000);
+            }),
+            Ok(())
+        );
+    }
+
     #[test]
     fn the_suggested_fix_is_accepted() {
         let Err(ConfigError::LeaseTooShort {
@@ -263,6 +300,10 @@ mod tests {
             panic!("a 2 s lease with a 5 s store timeout must be refused")
         };
         assert_eq!(with(|c| c.lease = min_lease), Ok(()));
+        assert!(
+            with(|c| c.lease = min_lease - NANOSECOND * 16).is_err(),
+            "the suggestion is the shortest lease, not just one that works"
+        );
         assert_eq!(
             with(|c| {
                 c.lease = Duration::from_secs(2);
