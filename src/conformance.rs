@@ -21,6 +21,71 @@
 //!     .await;
 //! # });
 //! ```
+//!
+//! # A store of your own
+//!
+//! A backend outside this crate adds `tower-idempotency = { version = "0.1", features =
+//! ["conformance"] }` to its dev-dependencies and runs the suite in its tests, for example:
+//!
+//! ```
+//! # #[cfg(feature = "memory")]
+//! # mod example {
+//! use std::{sync::Arc, time::Duration};
+//!
+//! use async_trait::async_trait;
+//! use bytes::Bytes;
+//! use tower_idempotency::{
+//!     conformance,
+//!     store::{MemoryStore, Store, StoreError},
+//!     ClaimOutcome, Fingerprint, Record, StoreKey, Token,
+//! };
+//!
+//! /// A store that delegates to another (here the memory store): a real backend puts its own
+//! /// atomic claim and fenced updates in these six methods.
+//! struct Delegating(MemoryStore);
+//!
+//! #[async_trait]
+//! impl Store for Delegating {
+//!     async fn claim(&self, key: &StoreKey, fp: &Fingerprint, lease: Duration)
+//!         -> Result<ClaimOutcome, StoreError> {
+//!         self.0.claim(key, fp, lease).await
+//!     }
+//!     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
+//!         self.0.renew(key, token, lease).await
+//!     }
+//!     async fn complete(&self, key: &StoreKey, token: Token, payload: Bytes, retention: Duration)
+//!         -> Result<(), StoreError> {
+//!         self.0.complete(key, token, payload, retention).await
+//!     }
+//!     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
+//!         self.0.release(key, token).await
+//!     }
+//!     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
+//!         self.0.lookup(key).await
+//!     }
+//!     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
+//!         self.0.purge_expired(batch).await
+//!     }
+//! }
+//!
+//! # pub fn run() {
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! // Each call opens a new instance onto the same data (for a server: a new pool onto one
+//! // database), so two instances race each other in `two_instances_race_one_winner`.
+//! let shared = MemoryStore::new();
+//! conformance::run_all(
+//!     || async { Arc::new(Delegating(shared.clone())) as conformance::DynStore },
+//!     false,
+//! )
+//! .await;
+//! # });
+//! # }
+//! # }
+//! # fn main() {
+//! # #[cfg(feature = "memory")]
+//! # example::run();
+//! # }
+//! ```
 
 use std::{
     collections::HashSet,

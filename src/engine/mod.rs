@@ -28,6 +28,8 @@
 //! }
 //! # }
 //! ```
+//!
+//! `cargo run --example queue_consumer` runs it on redelivered messages.
 
 mod bounded;
 mod builder;

@@ -17,6 +17,16 @@
 //! every event.
 //!
 //! The names are public so dashboards and tests need not repeat string literals.
+//!
+//! The `payments` example serves them at `GET /metrics` with `metrics-exporter-prometheus`.
+//!
+//! | Metric | Kind | Labels |
+//! |---|---|---|
+//! | `idempotency_requests_total` | counter | `outcome`: `executed`, `replayed`, `key_reused`, `in_progress`, `store_unavailable`, `rejected` (with `reason`) |
+//! | `idempotency_waits_total`, `idempotency_wait_seconds` | counter, histogram | |
+//! | `idempotency_store_operation_seconds` | histogram | `operation`: `claim`, `lookup`, `complete`, `release` |
+//! | `idempotency_store_errors_total` | counter | `operation` |
+//! | `idempotency_claims_in_flight` | gauge | |
 
 /// Requests (engine operations) by outcome, a counter labelled `outcome`: one of
 /// [`EXECUTED`], [`REPLAYED`], [`KEY_REUSED`], [`IN_PROGRESS`], [`STORE_UNAVAILABLE`], or

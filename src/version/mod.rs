@@ -16,6 +16,12 @@
 //! | [`PreconditionRejection`] | 400 / 404 / 412 / 428 problem+json, 304 |
 //! | `RequireIfMatch` | (feature `axum`) an extractor answering 428 without `If-Match` |
 //!
+//! `VersionedTable::update_if_version` is one SQL statement on PostgreSQL, SQLite and MySQL /
+//! MariaDB, on any sqlx executor (pool, connection or transaction). Weak tags never match
+//! `If-Match`, `*` matches only an existing resource, a malformed tag is a 400, and
+//! `If-None-Match` gives 304 on GET. `cargo run --example versioned_flow` shows the whole
+//! flow, and the `payments` example's `PATCH /payments/{id}` uses it over HTTP.
+//!
 //! ```
 //! use http::{HeaderMap, HeaderValue};
 //! use tower_idempotency::version::{ETag, MemoryVersioned, Preconditions, PreconditionRejection};
