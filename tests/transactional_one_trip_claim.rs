@@ -1,7 +1,8 @@
-//! PostgreSQL's transactional owner opens its transaction and claims the key in one round
-//! trip, with the key written into the query text. Not a new key there aborts that text on
-//! purpose: the connection must come back clean, quoting must hold for any key, and a key
-//! that cannot travel in a text takes the bound claim. Real server; effects counted in it.
+//! PostgreSQL's transactional owner opens its own transaction and claims the key in one round
+//! trip, with the key written into the query text (as hexadecimal). A claim that finds the key
+//! recorded rolls that transaction back: the connection must come back clean, any key must
+//! claim and replay, and a key the server cannot hold (a NUL) is refused before anything
+//! runs. Real server; effects counted in it.
 
 #![cfg(feature = "postgres")]
 
@@ -74,8 +75,8 @@ async fn a_replay_leaves_the_one_connection_clean_for_the_next_new_key() {
         charge(&mode, &table, &first, "one").await,
         Execution::Ran(Bytes::from_static(b"one"))
     );
-    // The one-trip claim of a recorded key aborts its transaction; the replay must still
-    // come back, and the only connection must not stay inside that aborted transaction.
+    // The one-trip claim of a recorded key finds its record and rolls its transaction back;
+    // the replay must come back, and the only connection must not stay inside a transaction.
     assert_eq!(
         charge(&mode, &table, &first, "again").await,
         Execution::Replayed(Bytes::from_static(b"one"))

@@ -3,15 +3,13 @@
 
 use std::{sync::Arc, time::Duration};
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use sqlx::Transaction;
-
-use super::turn::WriterQueue;
+use super::{open_tx::OpenTx, turn::WriterQueue};
 use crate::{
     record::{Fingerprint, Record, StoreKey, Token},
     store::{Store, StoreError},
 };
+use async_trait::async_trait;
+use bytes::Bytes;
 
 /// What a claim inside a transaction found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +43,7 @@ pub enum TxStart<DB: sqlx::Database> {
     /// The transaction holds the key: see [`TxClaim::Claimed`].
     Owner {
         /// The owner's transaction.
-        tx: Transaction<'static, DB>,
+        tx: OpenTx<DB>,
         /// The claim's token.
         token: Token,
     },
@@ -94,7 +92,7 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
     /// Opens the owner's transaction on a pooled connection. `idle_limit` bounds how long the
     /// transaction may sit idle (an owner that hangs without dying) where the database can
     /// enforce it.
-    async fn begin(&self, idle_limit: Duration) -> Result<Transaction<'static, DB>, StoreError>;
+    async fn begin(&self, idle_limit: Duration) -> Result<OpenTx<DB>, StoreError>;
 
     /// Claims `key` inside the transaction `conn` is in. Whatever the claim writes is visible
     /// to nobody else before it commits, completed; where it writes a row, `lease` is that
@@ -116,13 +114,32 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
     /// connection broke during the `COMMIT` itself, when the outcome is unknown).
     async fn commit_with(
         &self,
-        tx: Transaction<'static, DB>,
+        tx: OpenTx<DB>,
         key: &StoreKey,
         fingerprint: &Fingerprint,
         token: Token,
         payload: Bytes,
         retention: Duration,
     ) -> Result<TxCommit, StoreError>;
+
+    /// Commits `tx` as it is (unkeyed work: no outcome to store). The default commits a sqlx
+    /// transaction; a dialect that begins transactions itself overrides it.
+    async fn commit(&self, tx: OpenTx<DB>) -> Result<(), StoreError> {
+        commit_sqlx(tx, "sql").await
+    }
+
+    /// Rolls `tx` back. The default rolls back a sqlx transaction; a dialect that begins
+    /// transactions itself overrides it.
+    async fn rollback(&self, tx: OpenTx<DB>) -> Result<(), StoreError> {
+        match tx.into_sqlx() {
+            Some(tx) => tx
+                .rollback()
+                .await
+                .map_err(|e| StoreError::backend("sql", e)),
+            // Not sqlx's: dropping it closes the connection, which rolls back.
+            None => Ok(()),
+        }
+    }
 
     /// What a duplicate waiting for `key` sees, outside any transaction.
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError>;
@@ -192,17 +209,27 @@ pub(super) async fn begin_then_claim<DB: sqlx::Database, D: TxDialect<DB> + ?Siz
     )
 }
 
-/// Commits `tx`, for the dialects whose record is already in the transaction.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(super) async fn commit<DB: sqlx::Database>(
-    tx: Transaction<'static, DB>,
+/// Commits a sqlx transaction. A crate-owned one cannot be committed here (this code does not
+/// know its dialect): it is dropped, which rolls it back, and the caller is told.
+pub(super) async fn commit_sqlx<DB: sqlx::Database>(
+    tx: OpenTx<DB>,
     backend: &'static str,
-) -> Result<TxCommit, StoreError> {
-    tx.commit()
-        .await
-        .map_err(|e| StoreError::backend(backend, e))?;
-    Ok(TxCommit::Committed)
+) -> Result<(), StoreError> {
+    match tx.into_sqlx() {
+        Some(tx) => tx
+            .commit()
+            .await
+            .map_err(|e| StoreError::backend(backend, e)),
+        None => Err(StoreError::backend(backend, NotSqlx)),
+    }
 }
+
+/// A dialect that begins its own transactions left [`TxDialect::commit`] as the default.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this transaction was begun by its dialect, which must commit it itself (TxDialect::commit)"
+)]
+struct NotSqlx;
 
 /// A SQL [`Store`] that also supports the transactional mode: one of the sqlx stores.
 pub trait TransactionalStore: Store + Clone {

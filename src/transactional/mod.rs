@@ -103,7 +103,10 @@ mod dialect;
 mod local;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod open_tx;
 mod owner;
+#[cfg(feature = "postgres")]
+mod pg_text;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod run;
@@ -120,6 +123,7 @@ use tokio::time::Instant;
 #[cfg(feature = "axum")]
 pub use self::axum::{Tx, TxRejection};
 pub use dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart};
+pub use open_tx::OpenTx;
 pub use owner::{CommitError, TxOwner};
 pub use run::TxRunError;
 pub use slot::{LockError, StillBorrowed, TxGuard, TxSlot};

@@ -11,9 +11,12 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sqlx::{MySql, MySqlConnection, Transaction};
+use sqlx::{MySql, MySqlConnection};
 
-use super::dialect::{self, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect};
+use super::{
+    dialect::{self, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect},
+    open_tx::OpenTx,
+};
 use crate::{
     record::{ClaimOutcome, Fingerprint, StoreKey, Token},
     store::{mysql::Wait, MySqlStore, StoreError},
@@ -29,13 +32,11 @@ impl TransactionalStore for MySqlStore {
 
 #[async_trait]
 impl TxDialect<MySql> for MySqlStore {
-    async fn begin(
-        &self,
-        _idle_limit: Duration,
-    ) -> Result<Transaction<'static, MySql>, StoreError> {
+    async fn begin(&self, _idle_limit: Duration) -> Result<OpenTx<MySql>, StoreError> {
         self.pool()
             .begin()
             .await
+            .map(OpenTx::from_sqlx)
             .map_err(|e| StoreError::backend("mysql", e))
     }
 
@@ -60,7 +61,7 @@ impl TxDialect<MySql> for MySqlStore {
 
     async fn commit_with(
         &self,
-        mut tx: Transaction<'static, MySql>,
+        mut tx: OpenTx<MySql>,
         key: &StoreKey,
         _fingerprint: &Fingerprint,
         token: Token,
@@ -69,7 +70,8 @@ impl TxDialect<MySql> for MySqlStore {
     ) -> Result<TxCommit, StoreError> {
         self.complete_held(&mut tx, key, token, payload, retention)
             .await?;
-        dialect::commit(tx, "mysql").await
+        dialect::commit_sqlx(tx, "mysql").await?;
+        Ok(TxCommit::Committed)
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {

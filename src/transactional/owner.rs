@@ -3,12 +3,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use bytes::Bytes;
-use sqlx::Transaction;
-
 use super::{
     dialect::{TransactionalStore, TxCommit, TxDialect},
     local::LocalOwnership,
+    open_tx::OpenTx,
     slot::{StillBorrowed, TxSlot},
     turn::WriterTurn,
     Transactional,
@@ -18,6 +16,7 @@ use crate::{
     record::{Fingerprint, StoreKey, Token},
     store::StoreError,
 };
+use bytes::Bytes;
 
 /// This caller's transaction holds a key (or, for unkeyed work, is simply open).
 ///
@@ -71,7 +70,7 @@ pub enum CommitError {
 impl<DB: sqlx::Database> TxOwner<DB> {
     pub(super) fn claimed<S: TransactionalStore<Database = DB>>(
         mode: &Transactional<S>,
-        tx: Transaction<'static, DB>,
+        tx: OpenTx<DB>,
         key: StoreKey,
         fingerprint: Fingerprint,
         token: Token,
@@ -131,7 +130,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
         let engine = &self.engine;
         let Some(claim) = &self.claim else {
             return engine
-                .bounded(async { tx.commit().await.map_err(|e| StoreError::backend("sql", e)) })
+                .bounded(self.dialect.commit(tx))
                 .await
                 .map_err(CommitError::Store);
         };
@@ -164,7 +163,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// back when the operation lets go of it.
     pub async fn rollback(self) {
         if let Ok(Some(tx)) = self.slot.take() {
-            if let Err(error) = tx.rollback().await {
+            if let Err(error) = self.dialect.rollback(tx).await {
                 // The connection is gone; the server rolled back on its own.
                 tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");
             }

@@ -9,20 +9,23 @@
 //! would protect nothing the lock does not already protect (nobody else can see it, and the
 //! lock keeps every other transactional owner out), so writing it at the claim and updating
 //! it at the end would only write the row twice. The claim is therefore a read: take the
-//! lock, look for a live record, and delete an expired one; for a new key it travels in the
-//! `BEGIN`'s own round trip (see [`TxDialect::begin_claim`]). The completion is a plain
-//! `INSERT`, sent in one round trip with the `COMMIT`: a unique violation there means another
-//! request recorded the key first (its commit came between this claim's snapshot and its
-//! lock, or a claim of the separate mode on the same table got in), so the statement fails,
-//! the `COMMIT` never runs, everything of this attempt rolls back, and the caller answers
-//! as a duplicate ([`TxCommit::KeyTaken`]).
+//! lock, look for a live record, and delete an expired one.
+//!
+//! The crate begins and ends these transactions itself ([`OpenTx`]), which lets a new key cost
+//! no more round trips than the handler's own transaction: the claim travels in the `BEGIN`'s
+//! message and answers with its rows, and the record travels in the `COMMIT`'s. Both messages
+//! use the simple query protocol, the only one that carries several statements at once; its
+//! values are written as hexadecimal by [`pg_text`](super::pg_text), never escaped. A unique
+//! violation on the record means another request recorded the key first (its commit came
+//! between this claim's snapshot and its lock, or a claim of the separate mode on the same
+//! table got in): the server skips the `COMMIT`, everything of this attempt rolls back, and
+//! the caller answers as a duplicate ([`TxCommit::KeyTaken`]).
 //!
 //! The lock uses the two-integer form, whose key space is separate from the one-`bigint`
 //! form; its two halves are 64 bits of the key's SHA-256. Two keys whose halves collide only
 //! make one wait for the other.
 
 use std::{
-    fmt::Write,
     sync::{Arc, OnceLock},
     time::Duration,
 };
@@ -30,10 +33,12 @@ use std::{
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::TryStreamExt;
-use sqlx::{postgres::PgPoolOptions, Either, PgConnection, Postgres, Row, Transaction};
+use sqlx::{postgres::PgPoolOptions, Either, PgConnection, Postgres, Row};
 
-use super::dialect::{
-    begin_then_claim, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart,
+use super::{
+    dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart},
+    open_tx::OpenTx,
+    pg_text::{self, Value},
 };
 use crate::{
     record::{Fingerprint, StoreKey, Token},
@@ -42,9 +47,6 @@ use crate::{
 };
 
 const BACKEND: &str = "postgres";
-
-/// SQLSTATE `division_by_zero`: how the one-round-trip claim says "not a new key here".
-const NOT_CLAIMED: &str = "22012";
 
 /// SQLSTATE `unique_violation`.
 const UNIQUE_VIOLATION: &str = "23505";
@@ -67,42 +69,73 @@ struct PgDialect {
     await_owner: sqlx::SqlStr,
 }
 
+/// Where a statement takes the key: bound parameters (`$1`…) or values written into its text.
+struct KeyArgs<'a> {
+    scope: &'a str,
+    key: &'a str,
+    high: &'a str,
+    low: &'a str,
+}
+
+const BOUND: KeyArgs<'static> = KeyArgs {
+    scope: "$1",
+    key: "$2",
+    high: "$3",
+    low: "$4",
+};
+
+/// The claim: take the key's lock, delete an expired record if the lock was taken, and say
+/// what was found. Writes nothing unless an expired record is in the way of the final INSERT.
+/// The statement's snapshot may predate the lock: a record committed in between is caught by
+/// the final INSERT's unique violation.
+fn claim_sql(table: &str, on: &KeyArgs<'_>) -> String {
+    let KeyArgs {
+        scope,
+        key,
+        high,
+        low,
+    } = on;
+    format!(
+        "WITH lock AS (SELECT pg_try_advisory_xact_lock({high}, {low}) AS got), \
+         expired AS ( \
+             DELETE FROM {table} WHERE (SELECT got FROM lock) \
+                 AND scope = {scope} AND key = {key} AND expires_at <= clock_timestamp() \
+             RETURNING 1), \
+         live AS ({live}) \
+         SELECT 'live' AS found, fingerprint, payload FROM live \
+         UNION ALL SELECT CASE WHEN got THEN 'claimed' ELSE 'busy' END, NULL, NULL FROM lock",
+        live = live_sql(table, on),
+    )
+}
+
+/// The key's live record. `clock_timestamp()`, not `now()`: inside a transaction `now()` is
+/// the moment it began, and the record's retention must run from its completion.
+fn live_sql(table: &str, on: &KeyArgs<'_>) -> String {
+    format!(
+        "SELECT fingerprint, payload FROM {table} \
+         WHERE scope = {} AND key = {} AND expires_at > clock_timestamp()",
+        on.scope, on.key
+    )
+}
+
 impl TransactionalStore for PostgresStore {
     type Database = Postgres;
 
     fn dialect(&self) -> Arc<dyn TxDialect<Postgres>> {
         let t = self.table().as_str();
-        // `clock_timestamp()`, not `now()`: inside a transaction `now()` is the moment it
-        // began, and the record's retention must run from its completion.
-        let live = format!(
-            "SELECT fingerprint, payload FROM {t} \
-             WHERE scope = $1 AND key = $2 AND expires_at > clock_timestamp()"
-        );
-        // Writes nothing unless an expired record is in the way of the final INSERT. The
-        // statement's snapshot may predate the lock: a record committed in between is caught
-        // by the final INSERT's unique violation.
-        let claim = format!(
-            "WITH lock AS (SELECT pg_try_advisory_xact_lock($3, $4) AS got), \
-             expired AS ( \
-                 DELETE FROM {t} WHERE (SELECT got FROM lock) \
-                     AND scope = $1 AND key = $2 AND expires_at <= clock_timestamp() \
-                 RETURNING 1), \
-             live AS ({live}) \
-             SELECT 'live' AS found, fingerprint, payload FROM live \
-             UNION ALL SELECT CASE WHEN got THEN 'claimed' ELSE 'busy' END, NULL, NULL FROM lock"
-        );
         // Outside a transaction the advisory lock lives for this one statement: it only asks
         // whether a transaction holds it right now.
         let probe = format!(
-            "WITH lock AS (SELECT pg_try_advisory_xact_lock($3, $4) AS got), live AS ({live}) \
+            "WITH lock AS (SELECT pg_try_advisory_xact_lock($3, $4) AS got), live AS ({}) \
              SELECT 'live' AS found, fingerprint, payload FROM live \
-             UNION ALL SELECT 'busy', NULL, NULL FROM lock WHERE NOT got"
+             UNION ALL SELECT 'busy', NULL, NULL FROM lock WHERE NOT got",
+            live_sql(t, &BOUND)
         );
         Arc::new(PgDialect {
             pool: self.pool().clone(),
             waiting: OnceLock::new(),
             table: t.to_owned(),
-            claim: sql::statement(claim),
+            claim: sql::statement(claim_sql(t, &BOUND)),
             probe: sql::statement(probe),
             // The target list runs left to right: the time limit is set before the wait. The
             // shared lock is granted once the owner's transaction has ended, its record
@@ -128,46 +161,12 @@ fn backend(error: sqlx::Error) -> StoreError {
     StoreError::backend(BACKEND, error)
 }
 
-/// `text` as an escape string constant, `E'...'`: backslashes and quotes doubled, read the
-/// same whatever `standard_conforming_strings` says. `text` holds no NUL: a key with one is
-/// claimed with bound parameters, which the server refuses.
-fn text_literal(out: &mut String, text: &str) {
-    out.push_str("E'");
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\'' => out.push_str("''"),
-            c => out.push(c),
-        }
-    }
-    out.push('\'');
-}
-
-/// `bytes` as a `bytea` constant in the hex format.
-fn bytea_literal(out: &mut String, bytes: &[u8]) {
-    out.push_str("E'\\\\x");
-    for byte in bytes {
-        // Writing into a String cannot fail.
-        let _ = write!(out, "{byte:02x}");
-    }
-    out.push_str("'::bytea");
-}
-
 /// What the `found` rows of a claim or a probe say: a live record beats a claim or "busy".
 enum Found {
     Claimed,
     Live(crate::Record),
     Busy,
     Nothing,
-}
-
-/// The owner's `BEGIN`, with the setting that ends a transaction left idle for `idle_limit`
-/// (an owner stuck without dying), which frees its key.
-fn begin_text(idle_limit: Duration) -> Result<String, StoreError> {
-    let idle_ms = sql::millis(idle_limit)?.max(1);
-    Ok(format!(
-        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
-    ))
 }
 
 fn found(rows: &[sqlx::postgres::PgRow]) -> Result<Found, StoreError> {
@@ -190,17 +189,56 @@ fn found(rows: &[sqlx::postgres::PgRow]) -> Result<Found, StoreError> {
     Ok(verdict)
 }
 
+/// The owner's `BEGIN`, with the setting that ends a transaction left idle for `idle_limit`
+/// (an owner stuck without dying), which frees its key.
+fn begin_sql(idle_limit: Duration) -> Result<String, StoreError> {
+    let idle_ms = sql::millis(idle_limit)?.max(1);
+    Ok(format!(
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
+    ))
+}
+
+impl PgDialect {
+    /// A pooled connection, wrapped before anything is sent on it (see [`OpenTx::own`]).
+    async fn connection(&self) -> Result<OpenTx<Postgres>, StoreError> {
+        Ok(OpenTx::own(self.pool.acquire().await.map_err(backend)?))
+    }
+
+    /// Ends a crate-owned transaction with `statement` (`COMMIT` or `ROLLBACK`); the
+    /// connection goes back to the pool only if the server confirmed it, else it is closed.
+    async fn end(
+        &self,
+        mut tx: OpenTx<Postgres>,
+        statement: &'static str,
+    ) -> Result<(), StoreError> {
+        sqlx::raw_sql(statement)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        drop(tx.into_connection());
+        Ok(())
+    }
+
+    /// Rolls back a transaction that is already lost (its claim found the key taken, or a
+    /// statement failed): a failure here only means the connection is gone, which ends the
+    /// transaction too.
+    async fn abandon(&self, tx: OpenTx<Postgres>) {
+        if let Err(error) = self.end(tx, "ROLLBACK").await {
+            tracing::debug!(%error, "rollback failed; the server ends the transaction with the connection");
+        }
+    }
+}
+
 #[async_trait]
 impl TxDialect<Postgres> for PgDialect {
-    async fn begin(
-        &self,
-        idle_limit: Duration,
-    ) -> Result<Transaction<'static, Postgres>, StoreError> {
-        // One round trip: the setting rides on the BEGIN.
-        self.pool
-            .begin_with(sqlx::AssertSqlSafe(begin_text(idle_limit)?))
+    async fn begin(&self, idle_limit: Duration) -> Result<OpenTx<Postgres>, StoreError> {
+        let mut tx = self.connection().await?;
+        // One round trip: the setting rides on the BEGIN. Its only value is a number.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(begin_sql(idle_limit)?))
+            .execute(&mut *tx)
             .await
-            .map_err(backend)
+            .map_err(backend)?;
+        Ok(tx)
     }
 
     async fn claim_in(
@@ -230,104 +268,122 @@ impl TxDialect<Postgres> for PgDialect {
         &self,
         idle_limit: Duration,
         key: &StoreKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
+        _fingerprint: &Fingerprint,
+        _lease: Duration,
     ) -> Result<TxStart<Postgres>, StoreError> {
-        // A NUL cannot travel inside a query text: such a key takes the bound claim, whose
-        // parameters the server refuses with a clear error.
-        if key.scope().contains('\0') || key.key().contains('\0') {
-            return begin_then_claim(self, idle_limit, key, fingerprint, lease).await;
-        }
-        let begin = begin_text(idle_limit)?;
         let (high, low) = lock_id(key);
-        let t = &self.table;
-        let mut this_key = String::with_capacity(40 + key.scope().len() + key.key().len());
-        this_key.push_str("scope = ");
-        text_literal(&mut this_key, key.scope());
-        this_key.push_str(" AND key = ");
-        text_literal(&mut this_key, key.key());
-        // The BEGIN, the claim and the removal of an expired record in one text, hence one
-        // round trip, for the common case of a new key. The claim's SELECT divides by zero
-        // unless it took the key's lock and found no live record (in whatever order the
-        // server evaluates the two), which aborts the text with the transaction: the key is
-        // busy or recorded, and the probe below tells which. A DELETE runs only under the lock.
+        let (mut scope, mut key_text) = (String::new(), String::new());
+        pg_text::push(&mut scope, Value::Text(key.scope()));
+        pg_text::push(&mut key_text, Value::Text(key.key()));
+        let (high, low) = (high.to_string(), low.to_string());
+        let on = KeyArgs {
+            scope: &scope,
+            key: &key_text,
+            high: &high,
+            low: &low,
+        };
+        // The BEGIN and the claim in one message, hence one round trip for a new key.
         let text = format!(
-            "{begin}; \
-             SELECT 1 / (pg_try_advisory_xact_lock({high}, {low}) AND NOT EXISTS ( \
-                 SELECT 1 FROM {t} WHERE {this_key} AND expires_at > clock_timestamp()))::int; \
-             DELETE FROM {t} WHERE {this_key} AND expires_at <= clock_timestamp()"
+            "{}; {}",
+            begin_sql(idle_limit)?,
+            claim_sql(&self.table, &on)
         );
-        // Every value in the text is a number or a literal escaped above.
-        match self.pool.begin_with(sqlx::AssertSqlSafe(text)).await {
-            Ok(tx) => {
+        let mut tx = self.connection().await?;
+        // Every value in the text is a number or written by `pg_text`.
+        let rows = match sqlx::raw_sql(sqlx::AssertSqlSafe(text))
+            .fetch_all(&mut *tx)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(error) => {
+                self.abandon(tx).await;
+                return Err(backend(error));
+            }
+        };
+        let start = match found(&rows) {
+            Ok(Found::Claimed) => {
                 return Ok(TxStart::Owner {
                     tx,
                     token: Token::random(),
                 })
             }
-            // sqlx has queued the ROLLBACK of the aborted transaction on that connection.
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some(NOT_CLAIMED) => {}
-            Err(error) => return Err(backend(error)),
-        }
-        match self.probe(key).await? {
-            Probe::Live(record) => Ok(TxStart::Existing(record)),
-            Probe::Busy => Ok(TxStart::Busy),
-            // Whoever held it gave up in between: claim the slow way.
-            Probe::Absent => begin_then_claim(self, idle_limit, key, fingerprint, lease).await,
-        }
+            Ok(Found::Live(record)) => Ok(TxStart::Existing(record)),
+            Ok(Found::Busy | Found::Nothing) => Ok(TxStart::Busy),
+            Err(error) => Err(error),
+        };
+        self.abandon(tx).await;
+        start
     }
 
     async fn commit_with(
         &self,
-        mut tx: Transaction<'static, Postgres>,
+        mut tx: OpenTx<Postgres>,
         key: &StoreKey,
         fingerprint: &Fingerprint,
         _token: Token,
         payload: Bytes,
         retention: Duration,
     ) -> Result<TxCommit, StoreError> {
-        // One simple query, so one round trip: the record, the COMMIT, and a BEGIN that
-        // leaves the connection in the transaction sqlx still counts, which it rolls back
-        // (empty, so silently) when `tx` is dropped, riding on the pool's release ping. An
-        // error anywhere abandons the rest of the text: a failed INSERT never commits.
+        // The record and the COMMIT in one message, hence one round trip. An error in the
+        // INSERT makes the server skip the COMMIT: a failed INSERT never commits.
         let retention = sql::millis(retention)?;
-        let mut text = String::with_capacity(200 + 2 * payload.len() + key.key().len());
-        let _ = write!(
-            text,
-            "INSERT INTO {} (scope, key, fingerprint, token, payload, expires_at) VALUES (",
-            self.table
-        );
-        text_literal(&mut text, key.scope());
+        let mut text = String::with_capacity(300 + 2 * payload.len() + 2 * key.key().len());
+        text.push_str("INSERT INTO ");
+        text.push_str(&self.table);
+        text.push_str(" (scope, key, fingerprint, token, payload, expires_at) VALUES (");
+        pg_text::push(&mut text, Value::Text(key.scope()));
         text.push_str(", ");
-        text_literal(&mut text, key.key());
+        pg_text::push(&mut text, Value::Text(key.key()));
         text.push_str(", ");
-        bytea_literal(&mut text, fingerprint.as_bytes());
+        pg_text::push(&mut text, Value::Bytes(fingerprint.as_bytes()));
         text.push_str(", NULL, ");
-        bytea_literal(&mut text, &payload);
+        pg_text::push(&mut text, Value::Bytes(&payload));
         // No NOTIFY: PostgreSQL serialises the commits of notifying transactions, which would
         // cap every owner's commit; duplicates elsewhere wait on the key's lock instead.
-        let _ = write!(
-            text,
-            ", clock_timestamp() + {retention} * interval '1 millisecond'); COMMIT; BEGIN"
-        );
-        // Every value in the text is a literal escaped above.
-        let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(text)).fetch_many(&mut *tx);
-        let mut done = 0;
-        loop {
-            match results.try_next().await {
-                Ok(Some(Either::Left(_))) => done += 1,
-                Ok(Some(Either::Right(_))) => {}
-                Ok(None) => break,
-                // The INSERT itself failed on the key: someone recorded it first.
-                Err(sqlx::Error::Database(error))
-                    if done == 0 && error.code().as_deref() == Some(UNIQUE_VIOLATION) =>
-                {
-                    return Ok(TxCommit::KeyTaken)
+        text.push_str(&format!(
+            ", clock_timestamp() + {retention} * interval '1 millisecond'); COMMIT"
+        ));
+        // Every value in the text is a number or written by `pg_text`.
+        let outcome = {
+            let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(text)).fetch_many(&mut *tx);
+            let mut done = 0;
+            loop {
+                match results.try_next().await {
+                    Ok(Some(Either::Left(_))) => done += 1,
+                    Ok(Some(Either::Right(_))) => {}
+                    Ok(None) => break Ok(TxCommit::Committed),
+                    // The INSERT itself failed on the key: someone recorded it first.
+                    Err(sqlx::Error::Database(error))
+                        if done == 0 && error.code().as_deref() == Some(UNIQUE_VIOLATION) =>
+                    {
+                        break Ok(TxCommit::KeyTaken)
+                    }
+                    Err(error) => break Err(error),
                 }
-                Err(error) => return Err(backend(error)),
+            }
+        };
+        match outcome {
+            Ok(TxCommit::Committed) => {
+                drop(tx.into_connection());
+                Ok(TxCommit::Committed)
+            }
+            Ok(TxCommit::KeyTaken) => {
+                self.abandon(tx).await;
+                Ok(TxCommit::KeyTaken)
+            }
+            Err(error) => {
+                self.abandon(tx).await;
+                Err(backend(error))
             }
         }
-        Ok(TxCommit::Committed)
+    }
+
+    async fn commit(&self, tx: OpenTx<Postgres>) -> Result<(), StoreError> {
+        self.end(tx, "COMMIT").await
+    }
+
+    async fn rollback(&self, tx: OpenTx<Postgres>) -> Result<(), StoreError> {
+        self.end(tx, "ROLLBACK").await
     }
 
     fn can_await_owner(&self) -> bool {

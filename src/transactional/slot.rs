@@ -6,10 +6,10 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{Database, Transaction};
+use sqlx::Database;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::dialect::TxDialect;
+use super::{dialect::TxDialect, open_tx::OpenTx};
 use crate::store::StoreError;
 
 /// The transaction of a request that runs in the transactional mode, lent to the handler.
@@ -46,7 +46,7 @@ enum State<DB: Database> {
         dialect: Arc<dyn TxDialect<DB>>,
         idle_limit: Duration,
     },
-    Open(Transaction<'static, DB>),
+    Open(OpenTx<DB>),
     /// Taken back by the layer after the handler answered.
     Taken,
 }
@@ -87,7 +87,7 @@ pub enum LockError {
 }
 
 impl<DB: Database> TxSlot<DB> {
-    pub(crate) fn open(tx: Transaction<'static, DB>) -> Self {
+    pub(crate) fn open(tx: OpenTx<DB>) -> Self {
         Self(Arc::new(Mutex::new(State::Open(tx))))
     }
 
@@ -117,7 +117,7 @@ impl<DB: Database> TxSlot<DB> {
     }
 
     /// Takes the transaction back from the handler: `None` when it was never begun.
-    pub(crate) fn take(&self) -> Result<Option<Transaction<'static, DB>>, StillBorrowed> {
+    pub(crate) fn take(&self) -> Result<Option<OpenTx<DB>>, StillBorrowed> {
         let mut guard = self.0.try_lock().map_err(|_| StillBorrowed)?;
         match std::mem::replace(&mut *guard, State::Taken) {
             State::Open(tx) => Ok(Some(tx)),
@@ -127,7 +127,7 @@ impl<DB: Database> TxSlot<DB> {
 }
 
 impl<DB: Database> TxGuard<DB> {
-    fn transaction(&mut self) -> &mut Transaction<'static, DB> {
+    fn transaction(&mut self) -> &mut OpenTx<DB> {
         match &mut *self.0 {
             State::Open(tx) => tx,
             // `lock` hands out guards over open transactions only, and nothing changes the

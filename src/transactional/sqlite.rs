@@ -12,10 +12,11 @@ use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
     dialect::{self, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect},
+    open_tx::OpenTx,
     WriterQueue,
 };
 use crate::{
@@ -33,15 +34,13 @@ impl TransactionalStore for SqliteStore {
 
 #[async_trait]
 impl TxDialect<Sqlite> for SqliteStore {
-    async fn begin(
-        &self,
-        _idle_limit: Duration,
-    ) -> Result<Transaction<'static, Sqlite>, StoreError> {
+    async fn begin(&self, _idle_limit: Duration) -> Result<OpenTx<Sqlite>, StoreError> {
         // IMMEDIATE: take the write lock now, so the claim's insert can never fail halfway
         // through the transaction because another writer got in first.
         self.pool()
             .begin_with("BEGIN IMMEDIATE")
             .await
+            .map(OpenTx::from_sqlx)
             .map_err(|e| StoreError::backend("sqlite", e))
     }
 
@@ -60,7 +59,7 @@ impl TxDialect<Sqlite> for SqliteStore {
 
     async fn commit_with(
         &self,
-        mut tx: Transaction<'static, Sqlite>,
+        mut tx: OpenTx<Sqlite>,
         key: &StoreKey,
         _fingerprint: &Fingerprint,
         token: Token,
@@ -69,7 +68,8 @@ impl TxDialect<Sqlite> for SqliteStore {
     ) -> Result<TxCommit, StoreError> {
         self.complete_held(&mut tx, key, token, payload, retention)
             .await?;
-        dialect::commit(tx, "sqlite").await
+        dialect::commit_sqlx(tx, "sqlite").await?;
+        Ok(TxCommit::Committed)
     }
 
     fn writer_queue(&self) -> Option<&WriterQueue> {
