@@ -25,6 +25,12 @@ use crate::store::StoreError;
 /// a second connection from the same pool can exhaust the pool under load (every request
 /// holding one connection and waiting for another).
 ///
+/// To nest a unit of work, use savepoints. On MySQL/MariaDB and SQLite, sqlx's `begin()` on
+/// the connection makes one; on PostgreSQL the layer began the transaction itself (see
+/// [`OpenTx`](super::OpenTx)), so send `SAVEPOINT name` / `RELEASE SAVEPOINT name` /
+/// `ROLLBACK TO SAVEPOINT name` as statements instead: sqlx's `begin()` there would send a
+/// second `BEGIN`, and its `commit()` would end the layer's transaction early.
+///
 /// A request without an idempotency key (where the key is optional) gets a transaction too,
 /// begun on first [`lock`](Self::lock): a handler that never locks it costs no connection.
 ///
