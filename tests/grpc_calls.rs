@@ -31,6 +31,24 @@ use tower_idempotency::{
 struct ChargeRequest {
     #[prost(int64, tag = "1")]
     amount: i64,
+    /// Google AIP-155's request id: the key, for a layer that reads it from the message.
+    #[prost(string, tag = "2")]
+    request_id: String,
+}
+
+/// The part of [`ChargeRequest`] the layer's message key extractor decodes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RequestId {
+    #[prost(string, tag = "2")]
+    request_id: String,
+}
+
+/// The extractor the message-keyed tests register: an empty `request_id` is no key.
+fn request_id(message: &[u8]) -> Option<String> {
+    let id = <RequestId as prost::Message>::decode(message)
+        .ok()?
+        .request_id;
+    (!id.is_empty()).then_some(id)
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -96,12 +114,13 @@ impl tonic::server::UnaryService<ChargeRequest> for Charge {
             if payments.fail_next.swap(false, Ordering::SeqCst) {
                 return Err(Status::unavailable("the bank is down"));
             }
+            // The effect is filed under the key the call was made with, wherever it came.
             let key = request
                 .metadata()
                 .get("idempotency-key")
                 .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
+                .map(str::to_owned)
+                .unwrap_or_else(|| request.get_ref().request_id.clone());
             // Held a moment so that concurrent duplicates really overlap the owner.
             let hold = payments.hold_ms.load(Ordering::SeqCst);
             tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
@@ -159,11 +178,62 @@ async fn charge(
 }
 
 async fn charge_amount(
-    mut client: tonic::client::Grpc<Channel>,
+    client: tonic::client::Grpc<Channel>,
     key: Option<&str>,
     amount: i64,
 ) -> Result<(ChargeReply, Vec<(String, String)>), Status> {
-    let mut request = Request::new(ChargeRequest { amount });
+    let message = ChargeRequest {
+        amount,
+        request_id: String::new(),
+    };
+    call(client, key, message, None).await
+}
+
+/// A tonic client on a bare HTTP/2 connection. tonic's `Channel` enforces a call's
+/// `grpc-timeout` itself (answering `CANCELLED` the moment it passes, before the server's
+/// answer can arrive); this one leaves the deadline to the server, so a test sees what the
+/// layer answered when it passed.
+async fn client_leaving_deadlines_to_the_server(
+    addr: SocketAddr,
+) -> tonic::client::Grpc<
+    impl tonic::client::GrpcService<
+            tonic::body::Body,
+            ResponseBody = hyper::body::Incoming,
+            Error = hyper::Error,
+        > + Clone,
+> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let service = tower::service_fn(move |request: http::Request<tonic::body::Body>| {
+        let mut sender = sender.clone();
+        async move { sender.send_request(request).await }
+    });
+    tonic::client::Grpc::with_origin(service, format!("http://{addr}").parse().unwrap())
+}
+
+/// One call of `message`, with `key` as metadata and `timeout` as its `grpc-timeout`.
+async fn call<T>(
+    mut client: tonic::client::Grpc<T>,
+    key: Option<&str>,
+    message: ChargeRequest,
+    timeout: Option<std::time::Duration>,
+) -> Result<(ChargeReply, Vec<(String, String)>), Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    T::Error: std::fmt::Debug,
+{
+    let mut request = Request::new(message);
+    if let Some(timeout) = timeout {
+        request.set_timeout(timeout);
+    }
     request
         .metadata_mut()
         .insert("authorization", "Bearer alice".parse().unwrap());
@@ -350,4 +420,183 @@ async fn a_duplicate_of_a_running_call_under_the_reject_policy_is_aborted_with_a
     );
     owner.await.unwrap().expect("the owner completes");
     assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_whose_deadline_passes_while_it_waits_is_deadline_exceeded_and_runs_nothing() {
+    let Some((addr, payments)) = setup(IdempotencyLayer::new).await else {
+        return;
+    };
+    let key = key("deadline");
+    // The owner runs far longer than the duplicate's deadline, even on a loaded machine.
+    payments.hold_ms.store(3000, Ordering::SeqCst);
+    let duplicate = client_leaving_deadlines_to_the_server(addr).await;
+    let owner = {
+        let client = client(addr).await;
+        let key = key.clone();
+        tokio::spawn(async move { charge(client, Some(&key)).await })
+    };
+    while payments.attempts.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let message = ChargeRequest {
+        amount: 1200,
+        request_id: String::new(),
+    };
+    let timeout = Some(std::time::Duration::from_millis(300));
+    let status = call(duplicate, Some(&key), message, timeout)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status.message().contains("while it waited"),
+        "the layer answered, not tonic's own timeout: {status:?}"
+    );
+    let owned = owner.await.unwrap().expect("the owner finishes");
+    let retried = charge(client(addr).await, Some(&key))
+        .await
+        .expect("a later retry gets the owner's reply");
+    assert_eq!(retried, owned, "the retry replays the owner's reply");
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
+    let effects = pg_effects::effects(
+        &payments.store,
+        &payments.table,
+        &StoreKey::new("unused".to_owned(), key.clone()),
+    )
+    .await;
+    assert_eq!(effects, 1, "one charge in the database");
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_unavailable_with_a_pushback_and_runs_nothing() {
+    // The handler's database is real; only the idempotency store's pool points at a closed port.
+    let Some((addr, payments)) = setup(|_| {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(std::time::Duration::from_millis(500))
+            .connect_lazy("postgres://root@127.0.0.1:1/test")
+            .expect("a valid URL");
+        IdempotencyLayer::new(PostgresStore::new(pool))
+    })
+    .await
+    else {
+        return;
+    };
+    let key = key("unreachable");
+    let status = charge(client(addr).await, Some(&key)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.metadata().get("grpc-retry-pushback-ms").is_some(),
+        "{status:?}"
+    );
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 0, "nothing ran");
+    let effects = pg_effects::effects(
+        &payments.store,
+        &payments.table,
+        &StoreKey::new("unused".to_owned(), key.clone()),
+    )
+    .await;
+    assert_eq!(effects, 0, "nothing charged");
+}
+
+/// A layer that reads the key from the message's `request_id` and requires one, so a call
+/// that gets through was keyed by its message.
+fn keyed_by_message(store: PostgresStore) -> IdempotencyLayer {
+    IdempotencyLayer::new(store)
+        .require_key()
+        .key_from_message("/test.Payments/Charge", request_id)
+}
+
+fn with_request_id(request_id: &str) -> ChargeRequest {
+    ChargeRequest {
+        amount: 1200,
+        request_id: request_id.to_owned(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_concurrent_calls_with_one_request_id_and_no_metadata_key_charge_once() {
+    let Some((addr, payments)) = setup(keyed_by_message).await else {
+        return;
+    };
+    let id = key("request-id");
+    let start = Arc::new(tokio::sync::Barrier::new(2));
+    let mut calls = Vec::new();
+    for _ in 0..2 {
+        let client = client(addr).await;
+        let (id, start) = (id.clone(), start.clone());
+        calls.push(tokio::spawn(async move {
+            start.wait().await;
+            call(client, None, with_request_id(&id), None).await
+        }));
+    }
+    let mut replies = Vec::new();
+    for call in calls {
+        replies.push(call.await.unwrap().expect("both calls get the reply"));
+    }
+    assert_eq!(
+        replies[0], replies[1],
+        "message, headers and trailers identical"
+    );
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
+    let effects = pg_effects::effects(
+        &payments.store,
+        &payments.table,
+        &StoreKey::new("unused".to_owned(), id.clone()),
+    )
+    .await;
+    assert_eq!(effects, 1, "one charge in the database");
+}
+
+#[tokio::test]
+async fn a_malformed_request_id_is_invalid_argument_and_runs_nothing() {
+    let Some((addr, payments)) = setup(keyed_by_message).await else {
+        return;
+    };
+    for (id, why) in [
+        ("has a space", "visible ASCII"),
+        (&"k".repeat(256)[..], "longer than 255"),
+    ] {
+        let status = call(client(addr).await, None, with_request_id(id), None)
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(why), "{status:?}");
+    }
+    // No request_id at all, and the key is required.
+    let status = call(client(addr).await, None, with_request_id(""), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 0, "nothing ran");
+}
+
+#[tokio::test]
+async fn the_metadata_key_wins_over_the_request_id() {
+    let Some((addr, payments)) = setup(keyed_by_message).await else {
+        return;
+    };
+    let (metadata_key, id) = (key("metadata"), key("request-id"));
+    let first = call(
+        client(addr).await,
+        Some(&metadata_key),
+        with_request_id(&id),
+        None,
+    )
+    .await
+    .expect("keyed by its metadata");
+    // The same message without the metadata key is keyed by its request_id: another call.
+    call(client(addr).await, None, with_request_id(&id), None)
+        .await
+        .expect("keyed by its request_id");
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 2);
+    let replayed = call(
+        client(addr).await,
+        Some(&metadata_key),
+        with_request_id(&id),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(replayed, first, "the metadata-keyed call is replayed");
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 2);
 }

@@ -46,6 +46,8 @@ pub(crate) struct Config {
     pub(crate) detached: Arc<Semaphore>,
     pub(crate) max_handler_lifetime: Duration,
     pub(crate) rejection: RejectionFn,
+    /// gRPC methods (by path) whose key may come from the request message.
+    pub(crate) message_keys: Vec<(String, super::message_key::MessageKeyFn)>,
 }
 
 const DEFAULT_MAX_DETACHED: usize = 1024;
@@ -74,6 +76,7 @@ impl Config {
             detached: Arc::new(Semaphore::new(DEFAULT_MAX_DETACHED)),
             max_handler_lifetime: Duration::from_secs(60),
             rejection: Arc::new(Rejection::into_http_response),
+            message_keys: Vec::new(),
         }
     }
 }

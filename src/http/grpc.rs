@@ -7,6 +7,16 @@
 //! library: the rejections are trailers-only answers built from `http` types, and a
 //! handler's own status is read from its response's trailers to decide whether to store it.
 //!
+//! # The key
+//!
+//! A call's key is its `idempotency-key` metadata entry (the
+//! [`header_name`](super::IdempotencyLayer::header_name)), read by the same rules as the HTTP
+//! header. A method whose request message carries its own key, as Google AIP-155's
+//! `request_id` field does, can have the layer read it from there instead:
+//! [`IdempotencyLayer::key_from_message`](super::IdempotencyLayer::key_from_message), one
+//! extractor per method path. The metadata entry, when a call sends one, wins; the message
+//! key meets the same rules and is refused the same way (`INVALID_ARGUMENT`).
+//!
 //! # Which statuses are stored
 //!
 //! As for HTTP, an outcome is stored when a retry should get it again, and the key is

@@ -1,11 +1,13 @@
-//! Reading the idempotency key from a request header.
+//! Reading the idempotency key from a request header, and the rules every key meets.
 
 use http::{HeaderMap, HeaderName};
 
 /// The longest key accepted, in characters.
 pub const MAX_KEY_LEN: usize = 255;
 
-/// Why an `Idempotency-Key` header was refused (HTTP 400).
+/// Why an idempotency key was refused (HTTP 400, gRPC `INVALID_ARGUMENT`): from the
+/// `Idempotency-Key` header, or from a request message
+/// ([`IdempotencyLayer::key_from_message`](super::IdempotencyLayer::key_from_message)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidKey {
@@ -44,6 +46,12 @@ pub(crate) fn parse_key(
         Some(b'"') => unquote(raw)?,
         _ => raw.to_vec(),
     };
+    validate(key).map(Some)
+}
+
+/// A key, from a header (unquoted) or from a request message: the rules every key meets
+/// wherever it came from, 1 to [`MAX_KEY_LEN`] visible ASCII characters.
+pub(crate) fn validate(key: Vec<u8>) -> Result<String, InvalidKey> {
     if key.is_empty() {
         return Err(InvalidKey::Empty);
     }
@@ -54,9 +62,7 @@ pub(crate) fn parse_key(
         return Err(InvalidKey::InvalidCharacter);
     }
     // Only visible ASCII remains, so this cannot fail.
-    String::from_utf8(key)
-        .map(Some)
-        .map_err(|_| InvalidKey::InvalidCharacter)
+    String::from_utf8(key).map_err(|_| InvalidKey::InvalidCharacter)
 }
 
 /// RFC 8941 §3.3.3: `"` … `"` with `\"` and `\\` as the only escapes.

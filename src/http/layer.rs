@@ -178,6 +178,65 @@ impl IdempotencyLayer {
         self.with(|c| c.is_final_grpc = Arc::new(is_final))
     }
 
+    /// Takes the key of gRPC calls to the method at `path` (`/package.Service/Method`) from
+    /// the request message, the way Google AIP-155 has clients send a `request_id` field.
+    /// `key` gets the message bytes (the frame's length prefix stripped, see
+    /// [`grpc_message`](super::grpc_message)) and returns the key, or `None` when the message
+    /// carries none. Register each unary method whose message holds a key; calling it again
+    /// for a path replaces its extractor.
+    ///
+    /// - **The metadata key wins.** A call that sends an `idempotency-key` metadata entry
+    ///   (the [`header_name`](Self::header_name)) is keyed by it, and its message is not asked;
+    ///   the message, `request_id` included, still counts in the fingerprint, so the same key
+    ///   with another `request_id` is another request (`INVALID_ARGUMENT`).
+    /// - **The same rules as a header key.** The key returned must be 1 to
+    ///   [`MAX_KEY_LEN`](super::MAX_KEY_LEN) visible ASCII characters, else the call is refused
+    ///   with `INVALID_ARGUMENT` and nothing runs (return `None` for proto3's empty string if an
+    ///   absent `request_id` means "no key"). No key at all: as without a header, the call runs
+    ///   unprotected, or gets `INVALID_ARGUMENT` under [`require_key`](Self::require_key).
+    /// - **Read before it runs.** A call to such a method is read whole (up to
+    ///   [`max_request_body`](Self::max_request_body)) before anything else, so register
+    ///   unary methods only: a body that is not exactly one message is refused with
+    ///   `UNIMPLEMENTED`. A compressed message is not decoded by the layer: such a call's key
+    ///   must come as metadata.
+    ///
+    /// ```
+    /// use prost::Message;
+    /// use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+    ///
+    /// /// `payments.ChargeRequest`, as far as the key goes: prost skips the fields it does
+    /// /// not declare, so only `request_id` (field 4 in the .proto) needs writing out.
+    /// #[derive(Clone, PartialEq, prost::Message)]
+    /// struct RequestId {
+    ///     #[prost(string, tag = "4")]
+    ///     request_id: String,
+    /// }
+    ///
+    /// fn request_id(message: &[u8]) -> Option<String> {
+    ///     let id = RequestId::decode(message).ok()?.request_id;
+    ///     // proto3: an unset string decodes as "", which here means "no key".
+    ///     (!id.is_empty()).then_some(id)
+    /// }
+    ///
+    /// let message = RequestId { request_id: "9b1d-42".into() }.encode_to_vec();
+    /// assert_eq!(request_id(&message).as_deref(), Some("9b1d-42"));
+    /// assert_eq!(request_id(&[]), None);
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .key_from_message("/payments.Payments/Charge", request_id);
+    /// ```
+    pub fn key_from_message<F>(self, path: impl Into<String>, key: F) -> Self
+    where
+        F: Fn(&[u8]) -> Option<String> + Send + Sync + 'static,
+    {
+        let path = path.into();
+        let key: super::message_key::MessageKeyFn = Arc::new(key);
+        self.with(|c| {
+            c.message_keys.retain(|(registered, _)| *registered != path);
+            c.message_keys.push((path, key));
+        })
+    }
+
     /// Replays `Set-Cookie` headers too (default: dropped from stored responses, since a
     /// session cookie meant for one response should not be handed out again).
     pub fn replay_set_cookie(self, replay: bool) -> Self {

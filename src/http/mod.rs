@@ -104,6 +104,7 @@ mod fingerprint;
 pub mod grpc;
 mod key;
 mod layer;
+mod message_key;
 mod policy;
 mod rejection;
 mod replay;

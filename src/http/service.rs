@@ -26,6 +26,7 @@ use super::{
     grpc,
     key::parse_key,
     layer::IdempotencyLayer,
+    message_key,
     policy::{self, Outcome},
     rejection::Rejection,
     request_body::read_body,
@@ -201,21 +202,7 @@ where
         }
         let key = match parse_key(request.headers(), &config.header) {
             Ok(Some(key)) => key,
-            // Without a key there is nothing to deduplicate on: run unprotected rather than
-            // under some shared key.
-            Ok(None) if !config.key_required => {
-                #[cfg(feature = "sqlx")]
-                if let Some(mode) = config.transactional.clone() {
-                    let inner = take_ready(&mut self.inner);
-                    let work = Box::pin(unkeyed(inner, mode, request, config.clone()));
-                    return ResponseFuture::protected(work, &self.config);
-                }
-                return ResponseFuture::passthrough(self.inner.call(request));
-            }
-            Ok(None) => {
-                let grpc = grpc::is_grpc(request.headers());
-                return ResponseFuture::rejected(config, grpc, Rejection::MissingKey);
-            }
+            Ok(None) => return without_key(self, request),
             Err(invalid) => {
                 let grpc = grpc::is_grpc(request.headers());
                 return ResponseFuture::rejected(config, grpc, Rejection::InvalidKey(invalid));
@@ -227,6 +214,42 @@ where
     }
 }
 
+/// A request that sent no key header. A gRPC call to a method keyed by its message reads the
+/// key from it; otherwise there is nothing to deduplicate on: it runs unprotected (rather than
+/// under some shared key) where the key is optional, and is refused where it is required.
+fn without_key<S, ReqBody, ResBody>(
+    service: &mut IdempotencyService<S>,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S::Future, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let config = &service.config;
+    if let Some(extract) = message_key::extractor_for(config, &request) {
+        let inner = take_ready(&mut service.inner);
+        let work = message_key::protect_by_message(inner, config.clone(), extract, request);
+        return ResponseFuture::protected(work, config);
+    }
+    if config.key_required {
+        let grpc = grpc::is_grpc(request.headers());
+        return ResponseFuture::rejected(config, grpc, Rejection::MissingKey);
+    }
+    #[cfg(feature = "sqlx")]
+    if let Some(mode) = config.transactional.clone() {
+        let inner = take_ready(&mut service.inner);
+        let work = Box::pin(unkeyed(inner, mode, request, config.clone()));
+        return ResponseFuture::protected(work, config);
+    }
+    ResponseFuture::passthrough(service.inner.call(request))
+}
+
 /// Takes the service that was driven to readiness, leaving a fresh clone in its place.
 fn take_ready<S: Clone>(inner: &mut S) -> S {
     let clone = inner.clone();
@@ -236,7 +259,7 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
 /// A keyed request's work: read the body, claim, then run or replay. The part that needs no
 /// waiting runs now, so the future returned (boxed, as the response future keeps it) carries
 /// the request's parts once, not again as an argument of an `async fn`.
-fn protect<S, ReqBody, ResBody>(
+pub(super) fn protect<S, ReqBody, ResBody>(
     inner: S,
     config: Arc<Config>,
     key: String,
@@ -402,7 +425,7 @@ where
 /// Transactional mode, a request without a key: no claim, but the handler still gets a
 /// transaction, committed with its answer or rolled back by the same rule.
 #[cfg(feature = "sqlx")]
-async fn unkeyed<S, ReqBody, ResBody>(
+pub(super) async fn unkeyed<S, ReqBody, ResBody>(
     inner: S,
     mode: SharedTxMode,
     request: Request<ReqBody>,
