@@ -45,7 +45,11 @@ fn parse(lines: &[Vec<u8>]) -> Option<Result<Option<ETagList>, String>> {
 /// The header bytes of `tags` joined by `separator`.
 fn joined(tags: &[ETag], separator: &[u8]) -> Vec<u8> {
     let values: Vec<_> = tags.iter().map(ETag::to_header_value).collect();
-    values.iter().map(|v| v.as_bytes()).collect::<Vec<_>>().join(separator)
+    values
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect::<Vec<_>>()
+        .join(separator)
 }
 
 proptest! {
@@ -95,7 +99,7 @@ proptest! {
     /// in order, whether on one header line or one line each.
     #[test]
     fn a_formatted_list_parses_back(
-        tags in prop::collection::vec(tag(), 1..=ETagList::MAX_TAGS),
+        tags in prop::collection::vec(tag(), 1..=16),
         separator in prop::sample::select(vec![&b","[..], b", ", b" ,\t", b", ,"]),
     ) {
         let one_line = parse(&[joined(&tags, separator)]).expect("valid header bytes");
@@ -115,6 +119,12 @@ proptest! {
         prop_assert_eq!(list.matches_weak(&b), a.weak_eq(&b));
     }
 
+}
+
+proptest! {
+    // Lists of 65+ tags are slow to generate; a few hundred cases cover the boundary.
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
     /// One tag over the maximum is refused, not truncated.
     #[test]
     fn more_than_the_maximum_is_refused(tags in prop::collection::vec(tag(), ETagList::MAX_TAGS + 1..ETagList::MAX_TAGS + 4)) {
@@ -133,10 +143,18 @@ fn the_etag_corpus_gives_typed_errors() {
     files.sort();
     assert!(!files.is_empty());
     for path in files {
-        let name = path.file_name().expect("a file").to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .expect("a file")
+            .to_string_lossy()
+            .into_owned();
         let bytes = fs::read(&path).expect("readable");
         let line = bytes.strip_suffix(b"\n").unwrap_or(&bytes).to_vec();
         let result = parse(&[line]).expect("a header value");
-        assert_eq!(result.is_ok(), name.starts_with("ok-"), "{name}: {result:?}");
+        assert_eq!(
+            result.is_ok(),
+            name.starts_with("ok-"),
+            "{name}: {result:?}"
+        );
     }
 }

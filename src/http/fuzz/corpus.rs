@@ -10,7 +10,9 @@ use crate::http::{key::parse_key, replay::decode};
 
 /// The inputs of corpus `target`, by file name (sorted, so a failure names the same file).
 fn inputs(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/corpus").join(target);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz/corpus")
+        .join(target);
     let mut files: Vec<_> = fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|entry| entry.expect("a directory entry").path())
@@ -20,7 +22,11 @@ fn inputs(target: &str) -> Vec<(String, Vec<u8>)> {
     files
         .into_iter()
         .map(|path| {
-            let name = path.file_name().expect("a file").to_string_lossy().into_owned();
+            let name = path
+                .file_name()
+                .expect("a file")
+                .to_string_lossy()
+                .into_owned();
             (name, fs::read(&path).expect("readable"))
         })
         .collect()
@@ -31,7 +37,11 @@ fn the_record_corpus_gives_typed_errors() {
     for (name, bytes) in inputs("record") {
         // Files named `ok-*` are valid records; every other one is damaged.
         let result = decode(Bytes::from(bytes));
-        assert_eq!(result.is_ok(), name.starts_with("ok-"), "{name}: {result:?}");
+        assert_eq!(
+            result.is_ok(),
+            name.starts_with("ok-"),
+            "{name}: {result:?}"
+        );
     }
 }
 
@@ -43,8 +53,15 @@ fn the_key_corpus_gives_typed_errors() {
         // the file not part of it); every other one is refused.
         let line = bytes.strip_suffix(b"\n").unwrap_or(&bytes);
         let mut headers = HeaderMap::new();
-        headers.append(&header, HeaderValue::from_bytes(line).expect("a header value"));
+        headers.append(
+            &header,
+            HeaderValue::from_bytes(line).expect("a header value"),
+        );
         let result = parse_key(&headers, &header);
-        assert_eq!(result.is_ok(), name.starts_with("ok-"), "{name}: {result:?}");
+        assert_eq!(
+            result.is_ok(),
+            name.starts_with("ok-"),
+            "{name}: {result:?}"
+        );
     }
 }

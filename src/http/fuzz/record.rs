@@ -10,7 +10,10 @@ use crate::http::replay::{decode, encode_not_stored, encode_with_trailers, Store
 
 /// Header names and values that are kept on replay (no hop-by-hop names, no `Date`).
 fn header_map() -> impl Strategy<Value = HeaderMap> {
-    let pair = ("x-[a-z0-9-]{0,20}", prop::collection::vec(0x20u8..0x7f, 0..40));
+    let pair = (
+        "x-[a-z0-9-]{0,20}",
+        prop::collection::vec(0x20u8..0x7f, 0..40),
+    );
     prop::collection::vec(pair, 0..6).prop_map(|pairs| {
         let mut headers = HeaderMap::new();
         for (name, value) in pairs {
