@@ -59,8 +59,8 @@ pub(super) fn replay(config: &Config, grpc: bool, payload: Bytes) -> Response<Re
         Ok(StoredResponse::NotStored { status }) => {
             render(config, grpc, Rejection::ResponseNotStored { status })
         }
-        Err(detail) => {
-            tracing::error!(detail, "stored response cannot be decoded");
+        Err(error) => {
+            tracing::error!(%error, "stored response cannot be decoded");
             render(
                 config,
                 grpc,

@@ -101,6 +101,9 @@ mod collect;
 mod config;
 mod detach;
 mod fingerprint;
+// Property-based tests of the parsers of outside bytes (issue 24, part 3).
+#[cfg(test)]
+mod fuzz;
 pub mod grpc;
 mod key;
 mod layer;

@@ -147,70 +147,165 @@ pub(crate) fn encode_not_stored(status: StatusCode) -> Bytes {
     out.freeze()
 }
 
-/// Decodes what [`encode_with_trailers`] or [`encode_not_stored`] wrote; `Err` describes the damage.
-pub(crate) fn decode(mut payload: Bytes) -> Result<StoredResponse, String> {
-    if payload.len() < 7 || &payload[..4] != MAGIC {
-        return Err("not a stored HTTP response (unknown format or version)".into());
+/// Why a stored payload is not a response this crate encoded: a corrupt or hostile store.
+/// `offset` is the byte of the payload where the damage was found.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DecodeError {
+    /// Shorter than the fixed head, or without the `TIR` magic and version 1.
+    #[error("not a stored HTTP response (unknown format or version)")]
+    UnknownFormat,
+    /// The status is not a valid HTTP status code.
+    #[error("invalid status {status} at byte {offset}")]
+    Status {
+        status: u16,
+        offset: usize,
+        #[source]
+        source: http::status::InvalidStatusCode,
+    },
+    /// The kind byte names no layout this crate writes.
+    #[error("unknown record kind {kind} at byte {offset}")]
+    Kind { kind: u8, offset: usize },
+    /// A length field claims more bytes than the payload has left.
+    #[error("stored response is truncated at byte {offset}: {needed} bytes needed, {left} left")]
+    Truncated {
+        offset: usize,
+        needed: usize,
+        left: usize,
+    },
+    /// A stored header name is not a valid header name.
+    #[error("invalid header name at byte {offset}")]
+    HeaderName {
+        offset: usize,
+        #[source]
+        source: http::header::InvalidHeaderName,
+    },
+    /// A stored header value is not a valid header value.
+    #[error("invalid header value at byte {offset}")]
+    HeaderValue {
+        offset: usize,
+        #[source]
+        source: http::header::InvalidHeaderValue,
+    },
+}
+
+/// A payload being read, with the offset of its next byte for error messages.
+struct Reader {
+    rest: Bytes,
+    offset: usize,
+}
+
+impl Reader {
+    /// Checks that `len` more bytes are there before anything is read or allocated for them:
+    /// a length field comes from the store, and a hostile one may claim gigabytes.
+    fn enough(&self, len: usize) -> Result<(), DecodeError> {
+        if self.rest.len() < len {
+            return Err(DecodeError::Truncated {
+                offset: self.offset,
+                needed: len,
+                left: self.rest.len(),
+            });
+        }
+        Ok(())
     }
-    payload.advance(4);
-    let kind = payload.get_u8();
-    let status = StatusCode::from_u16(payload.get_u16()).map_err(|e| e.to_string())?;
+
+    fn advance(&mut self, len: usize) {
+        self.rest.advance(len);
+        self.offset += len;
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        self.enough(1)?;
+        self.offset += 1;
+        Ok(self.rest.get_u8())
+    }
+
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        self.enough(2)?;
+        self.offset += 2;
+        Ok(self.rest.get_u16())
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        self.enough(4)?;
+        self.offset += 4;
+        Ok(self.rest.get_u32())
+    }
+
+    /// The next `len` bytes, sharing the payload's buffer.
+    fn split(&mut self, len: usize) -> Result<Bytes, DecodeError> {
+        self.enough(len)?;
+        self.offset += len;
+        Ok(self.rest.split_to(len))
+    }
+}
+
+/// Decodes what [`encode_with_trailers`] or [`encode_not_stored`] wrote; `Err` says what is
+/// damaged and where.
+pub(crate) fn decode(payload: Bytes) -> Result<StoredResponse, DecodeError> {
+    if payload.len() < 7 || &payload[..4] != MAGIC {
+        return Err(DecodeError::UnknownFormat);
+    }
+    let mut reader = Reader {
+        rest: payload,
+        offset: 0,
+    };
+    reader.advance(MAGIC.len());
+    let kind = reader.u8()?;
+    let offset = reader.offset;
+    let status = reader.u16()?;
+    let status = StatusCode::from_u16(status).map_err(|source| DecodeError::Status {
+        status,
+        offset,
+        source,
+    })?;
     let with_trailers = match kind {
         KIND_NOT_STORED => return Ok(StoredResponse::NotStored { status }),
         KIND_RESPONSE => false,
         KIND_RESPONSE_WITH_TRAILERS => true,
-        other => return Err(format!("unknown record kind {other}")),
+        kind => {
+            return Err(DecodeError::Kind {
+                kind,
+                offset: MAGIC.len(),
+            })
+        }
     };
-    let headers = take_pairs(&mut payload)?;
+    let headers = take_pairs(&mut reader)?;
     let trailers = match with_trailers {
-        true => Some(Box::new(take_pairs(&mut payload)?)),
+        true => Some(Box::new(take_pairs(&mut reader)?)),
         false => None,
     };
     Ok(StoredResponse::Response {
         status,
         headers,
-        body: payload,
+        body: reader.rest,
         trailers,
     })
 }
 
-fn take_pairs(payload: &mut Bytes) -> Result<HeaderMap, String> {
-    let count = take_u32(payload)?;
+fn take_pairs(reader: &mut Reader) -> Result<HeaderMap, DecodeError> {
+    let count = reader.u32()?;
     // Room for two more: the server adds `content-length` to a replayed response (axum does
     // it before hyper), and the layer may add `Idempotent-Replayed`; a full map would be
-    // copied into a larger one for them.
-    let mut headers = HeaderMap::with_capacity(count.min(128) as usize + 2);
+    // copied into a larger one for them. Capped: the count comes from the store, and each
+    // pair takes at least 6 bytes, so no more than that many can follow.
+    let plausible = (count as usize).min(reader.rest.len() / 6).min(128);
+    let mut headers = HeaderMap::with_capacity(plausible + 2);
     for _ in 0..count {
-        let name_len = usize::from(take_u16(payload)?);
-        enough(payload, name_len)?;
-        let name = HeaderName::from_bytes(&payload[..name_len]).map_err(|e| e.to_string())?;
-        payload.advance(name_len);
-        let value_len = take_u32(payload)? as usize;
-        enough(payload, value_len)?;
+        let name_len = usize::from(reader.u16()?);
+        reader.enough(name_len)?;
+        let offset = reader.offset;
+        let name = HeaderName::from_bytes(&reader.rest[..name_len])
+            .map_err(|source| DecodeError::HeaderName { offset, source })?;
+        reader.advance(name_len);
+        let value_len = reader.u32()? as usize;
+        let offset = reader.offset;
         // The value shares the payload's buffer; the name and the lengths are read in place,
         // without a `Bytes` handle (and its reference count) each.
-        let value = HeaderValue::from_maybe_shared(payload.split_to(value_len))
-            .map_err(|e| e.to_string())?;
+        let value = HeaderValue::from_maybe_shared(reader.split(value_len)?)
+            .map_err(|source| DecodeError::HeaderValue { offset, source })?;
         headers.append(name, value);
     }
     Ok(headers)
-}
-
-fn enough(payload: &Bytes, len: usize) -> Result<(), String> {
-    if payload.len() < len {
-        return Err("stored response is truncated".into());
-    }
-    Ok(())
-}
-
-fn take_u16(payload: &mut Bytes) -> Result<u16, String> {
-    enough(payload, 2)?;
-    Ok(payload.get_u16())
-}
-
-fn take_u32(payload: &mut Bytes) -> Result<u32, String> {
-    enough(payload, 4)?;
-    Ok(payload.get_u32())
 }
 
 #[cfg(test)]
@@ -308,11 +403,11 @@ mod tests {
             let _ = decode(good.slice(..cut));
         }
         assert!(decode(Bytes::from_static(b"garbage")).is_err());
-        assert_eq!(
+        assert!(matches!(
             decode(encode_not_stored(StatusCode::CREATED)),
             Ok(StoredResponse::NotStored {
                 status: StatusCode::CREATED
             })
-        );
+        ));
     }
 }
