@@ -99,4 +99,8 @@ SQL
   echo "| a one-row INSERT transaction | $(calc "$quiet / $ROUNDS" %.0f) | 1.00x |"
   echo "| the same transaction sending a NOTIFY | $(calc "$notifying / $ROUNDS" %.0f) | **$(calc "$notifying / $quiet")x** (why the mode's commits notify nobody) |"
   echo
+  # A before/after of a change to the mode, measured side by side by scripts/compare-commits
+  # (kept: the old commit is not rebuilt on every bench run).
+  local kept=scripts/bench.d/pg-ceiling.before-after.md
+  if [ -f "$kept" ]; then cat "$kept"; echo; fi
 }
