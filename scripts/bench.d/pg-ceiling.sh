@@ -44,22 +44,25 @@ BEGIN;
 $handler
 COMMIT;
 SQL
-  # The layer's claim (src/transactional/postgres.rs, claim_sql) and record, as it sends them.
-  local claim="WITH lock AS (SELECT pg_try_advisory_xact_lock(:h, 7) AS got), expired AS (DELETE FROM ${p}_records WHERE (SELECT got FROM lock) AND scope = 'pgbench' AND key = 'k' || :r AND expires_at <= clock_timestamp() RETURNING 1), live AS (SELECT fingerprint, payload FROM ${p}_records WHERE scope = 'pgbench' AND key = 'k' || :r AND expires_at > clock_timestamp()) SELECT 'live' AS found, fingerprint, payload FROM live UNION ALL SELECT CASE WHEN got THEN 'claimed' ELSE 'busy' END, NULL, NULL FROM lock"
+  # The layer's claim of a new key (src/transactional/postgres.rs, begin_claim) and its record,
+  # as it sends them.
+  local this_key="scope = 'pgbench' AND key = 'k' || :r"
+  local select="SELECT pg_try_advisory_xact_lock(:h, 7) AS got, EXISTS (SELECT 1 FROM ${p}_records WHERE $this_key AND expires_at > clock_timestamp()) AS live"
+  local delete="DELETE FROM ${p}_records WHERE $this_key AND expires_at <= clock_timestamp() AND pg_try_advisory_xact_lock(:h, 7)"
   local record="INSERT INTO ${p}_records (scope, key, fingerprint, token, payload, expires_at) VALUES ('pgbench', 'k' || :r, sha256('fp'::bytea), NULL, convert_to(repeat('x', 190), 'UTF8'), clock_timestamp() + interval '1 day')"
   cat >"$WORK/layered.sql" <<SQL
 \set r random(1, 9000000000000000000)
 \set h random(-2000000000, 2000000000)
-BEGIN \; SET LOCAL idle_in_transaction_session_timeout = 30000 \; $claim;
+BEGIN \; SET LOCAL idle_in_transaction_session_timeout = 30000 \; $select \; $delete;
 $handler
 $record \; COMMIT;
 SQL
-  # The same statements one per round trip, as bound statements would need (6 round trips).
+  # The same statements one per round trip, as bound statements would need (BEGIN, claim, two INSERTs, record, COMMIT: 6 round trips).
   cat >"$WORK/separate-trips.sql" <<SQL
 \set r random(1, 9000000000000000000)
 \set h random(-2000000000, 2000000000)
 BEGIN \; SET LOCAL idle_in_transaction_session_timeout = 30000;
-$claim;
+$select \; $delete;
 $handler
 $record;
 COMMIT;

@@ -36,7 +36,7 @@ use futures_util::TryStreamExt;
 use sqlx::{postgres::PgPoolOptions, Either, PgConnection, Postgres, Row};
 
 use super::{
-    dialect::{Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart},
+    dialect::{begin_then_claim, Probe, TransactionalStore, TxClaim, TxCommit, TxDialect, TxStart},
     open_tx::OpenTx,
     pg_text::{self, Value},
 };
@@ -268,51 +268,60 @@ impl TxDialect<Postgres> for PgDialect {
         &self,
         idle_limit: Duration,
         key: &StoreKey,
-        _fingerprint: &Fingerprint,
-        _lease: Duration,
+        fingerprint: &Fingerprint,
+        lease: Duration,
     ) -> Result<TxStart<Postgres>, StoreError> {
         let (high, low) = lock_id(key);
         let (mut scope, mut key_text) = (String::new(), String::new());
         pg_text::push(&mut scope, Value::Text(key.scope()));
         pg_text::push(&mut key_text, Value::Text(key.key()));
-        let (high, low) = (high.to_string(), low.to_string());
-        let on = KeyArgs {
-            scope: &scope,
-            key: &key_text,
-            high: &high,
-            low: &low,
-        };
-        // The BEGIN and the claim in one message, hence one round trip for a new key.
+        // The BEGIN, the claim and the removal of an expired record in one message, hence one
+        // round trip, for the common case of a new key: two flags, "took the lock" and "a live
+        // record is there". The DELETE asks for the lock again (it is the transaction's
+        // already, or it was not free and the DELETE removes nothing). Anything but a new key
+        // is settled the slower way, after a rollback, by a probe.
+        let t = &self.table;
+        let (this_key, high, low) = (format!("scope = {scope} AND key = {key_text}"), &high, &low);
         let text = format!(
-            "{}; {}",
-            begin_sql(idle_limit)?,
-            claim_sql(&self.table, &on)
+            "{begin}; \
+             SELECT pg_try_advisory_xact_lock({high}, {low}) AS got, EXISTS ( \
+                 SELECT 1 FROM {t} WHERE {this_key} AND expires_at > clock_timestamp()) AS live; \
+             DELETE FROM {t} WHERE {this_key} AND expires_at <= clock_timestamp() \
+                 AND pg_try_advisory_xact_lock({high}, {low})",
+            begin = begin_sql(idle_limit)?,
         );
         let mut tx = self.connection().await?;
         // Every value in the text is a number or written by `pg_text`.
-        let rows = match sqlx::raw_sql(sqlx::AssertSqlSafe(text))
+        // All rows read (only the SELECT gives one): an error of the DELETE must surface here.
+        let flags = sqlx::raw_sql(sqlx::AssertSqlSafe(text))
             .fetch_all(&mut *tx)
             .await
-        {
-            Ok(rows) => rows,
-            Err(error) => {
-                self.abandon(tx).await;
-                return Err(backend(error));
-            }
-        };
-        let start = match found(&rows) {
-            Ok(Found::Claimed) => {
+            .and_then(|rows| match rows.first() {
+                Some(row) => Ok((
+                    row.try_get::<bool, _>("got")?,
+                    row.try_get::<bool, _>("live")?,
+                )),
+                None => Err(sqlx::Error::RowNotFound),
+            });
+        match flags {
+            Ok((true, false)) => {
                 return Ok(TxStart::Owner {
                     tx,
                     token: Token::random(),
                 })
             }
-            Ok(Found::Live(record)) => Ok(TxStart::Existing(record)),
-            Ok(Found::Busy | Found::Nothing) => Ok(TxStart::Busy),
-            Err(error) => Err(error),
-        };
-        self.abandon(tx).await;
-        start
+            Ok(_) => self.abandon(tx).await,
+            Err(error) => {
+                self.abandon(tx).await;
+                return Err(backend(error));
+            }
+        }
+        match self.probe(key).await? {
+            Probe::Live(record) => Ok(TxStart::Existing(record)),
+            Probe::Busy => Ok(TxStart::Busy),
+            // Whoever held it gave up in between: claim the slow way.
+            Probe::Absent => begin_then_claim(self, idle_limit, key, fingerprint, lease).await,
+        }
     }
 
     async fn commit_with(
