@@ -69,52 +69,30 @@ struct PgDialect {
     await_owner: sqlx::SqlStr,
 }
 
-/// Where a statement takes the key: bound parameters (`$1`…) or values written into its text.
-struct KeyArgs<'a> {
-    scope: &'a str,
-    key: &'a str,
-    high: &'a str,
-    low: &'a str,
-}
-
-const BOUND: KeyArgs<'static> = KeyArgs {
-    scope: "$1",
-    key: "$2",
-    high: "$3",
-    low: "$4",
-};
-
 /// The claim: take the key's lock, delete an expired record if the lock was taken, and say
 /// what was found. Writes nothing unless an expired record is in the way of the final INSERT.
 /// The statement's snapshot may predate the lock: a record committed in between is caught by
 /// the final INSERT's unique violation.
-fn claim_sql(table: &str, on: &KeyArgs<'_>) -> String {
-    let KeyArgs {
-        scope,
-        key,
-        high,
-        low,
-    } = on;
+fn claim_sql(table: &str) -> String {
     format!(
-        "WITH lock AS (SELECT pg_try_advisory_xact_lock({high}, {low}) AS got), \
+        "WITH lock AS (SELECT pg_try_advisory_xact_lock($3, $4) AS got), \
          expired AS ( \
              DELETE FROM {table} WHERE (SELECT got FROM lock) \
-                 AND scope = {scope} AND key = {key} AND expires_at <= clock_timestamp() \
+                 AND scope = $1 AND key = $2 AND expires_at <= clock_timestamp() \
              RETURNING 1), \
          live AS ({live}) \
          SELECT 'live' AS found, fingerprint, payload FROM live \
          UNION ALL SELECT CASE WHEN got THEN 'claimed' ELSE 'busy' END, NULL, NULL FROM lock",
-        live = live_sql(table, on),
+        live = live_sql(table),
     )
 }
 
 /// The key's live record. `clock_timestamp()`, not `now()`: inside a transaction `now()` is
 /// the moment it began, and the record's retention must run from its completion.
-fn live_sql(table: &str, on: &KeyArgs<'_>) -> String {
+fn live_sql(table: &str) -> String {
     format!(
         "SELECT fingerprint, payload FROM {table} \
-         WHERE scope = {} AND key = {} AND expires_at > clock_timestamp()",
-        on.scope, on.key
+         WHERE scope = $1 AND key = $2 AND expires_at > clock_timestamp()"
     )
 }
 
@@ -129,13 +107,13 @@ impl TransactionalStore for PostgresStore {
             "WITH lock AS (SELECT pg_try_advisory_xact_lock($3, $4) AS got), live AS ({}) \
              SELECT 'live' AS found, fingerprint, payload FROM live \
              UNION ALL SELECT 'busy', NULL, NULL FROM lock WHERE NOT got",
-            live_sql(t, &BOUND)
+            live_sql(t)
         );
         Arc::new(PgDialect {
             pool: self.pool().clone(),
             waiting: OnceLock::new(),
             table: t.to_owned(),
-            claim: sql::statement(claim_sql(t, &BOUND)),
+            claim: sql::statement(claim_sql(t)),
             probe: sql::statement(probe),
             // The target list runs left to right: the time limit is set before the wait. The
             // shared lock is granted once the owner's transaction has ended, its record
