@@ -17,6 +17,7 @@ use tower_service::Service;
 use super::{
     answer::render,
     body::{self, ResponseBody},
+    bounds::{IncomingBody, OutgoingBody, Wrapped},
     config::Config,
     detach::BoxFuture,
     grpc,
@@ -56,14 +57,9 @@ pub(super) fn protect_by_message<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
 ) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Body + From<Bytes> + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Wrapped<ReqBody, ResBody>,
+    ReqBody: IncomingBody,
+    ResBody: OutgoingBody,
 {
     Box::pin(async move {
         let (parts, body) = request.into_parts();

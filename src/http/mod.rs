@@ -96,6 +96,7 @@
 
 mod answer;
 mod body;
+mod bounds;
 #[cfg(feature = "sqlx")]
 mod collect;
 mod config;

@@ -20,6 +20,7 @@ use tracing::Instrument;
 use super::{
     answer::{rejection_for, render, replay},
     body::{self, ResponseBody},
+    bounds::{IncomingBody, OutgoingBody, Wrapped},
     config::Config,
     detach::{BoxFuture, DetachOnDrop},
     fingerprint::fingerprint,
@@ -222,14 +223,9 @@ fn without_key<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
 ) -> ResponseFuture<S::Future, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Body + From<Bytes> + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Wrapped<ReqBody, ResBody>,
+    ReqBody: IncomingBody,
+    ResBody: OutgoingBody,
 {
     let config = &service.config;
     if let Some(extract) = message_key::extractor_for(config, &request) {
@@ -266,14 +262,9 @@ pub(super) fn protect<S, ReqBody, ResBody>(
     request: Request<ReqBody>,
 ) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Body + From<Bytes> + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Wrapped<ReqBody, ResBody>,
+    ReqBody: IncomingBody,
+    ResBody: OutgoingBody,
 {
     let (parts, body) = request.into_parts();
     let grpc = grpc::is_grpc(&parts.headers);
