@@ -4,9 +4,12 @@
 
 #[path = "common/backends.rs"]
 mod backends;
+#[path = "common/grpc_metadata.rs"]
+mod grpc_metadata;
 #[path = "common/pg_effects.rs"]
 mod pg_effects;
 
+use grpc_metadata::comparable_metadata;
 use std::{
     convert::Infallible,
     future::Future,
@@ -69,6 +72,14 @@ struct Payments {
     fail_next: Arc<AtomicBool>,
     /// How long a call holds before it charges, in milliseconds.
     hold_ms: Arc<AtomicU64>,
+}
+
+impl Payments {
+    /// The charge rows the handler wrote under `key`, counted in the database.
+    async fn charges_for(&self, key: &str) -> i64 {
+        let key = StoreKey::new("unused".to_owned(), key.to_owned());
+        pg_effects::effects(&self.store, &self.table, &key).await
+    }
 }
 
 impl tonic::server::NamedService for Payments {
@@ -250,15 +261,7 @@ where
             ProstCodec::<ChargeRequest, ChargeReply>::default(),
         )
         .await?;
-    let mut metadata: Vec<(String, String)> = reply
-        .metadata()
-        .clone()
-        .into_headers()
-        .iter()
-        .filter(|(name, _)| name.as_str() != "date")
-        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-        .collect();
-    metadata.sort();
+    let metadata = comparable_metadata(reply.metadata());
     Ok((reply.into_inner(), metadata))
 }
 
@@ -275,6 +278,22 @@ async fn setup(
     };
     let addr = serve(layer(store), payments.clone()).await;
     Some((addr, payments))
+}
+
+/// Starts the call that owns `key` and returns once its handler runs, so that a call sent
+/// next is surely a duplicate of a running call.
+async fn start_owner(
+    addr: SocketAddr,
+    key: &str,
+    payments: &Payments,
+) -> tokio::task::JoinHandle<Result<(ChargeReply, Vec<(String, String)>), Status>> {
+    let client = client(addr).await;
+    let key = key.to_owned();
+    let owner = tokio::spawn(async move { charge(client, Some(&key)).await });
+    while payments.attempts.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    owner
 }
 
 fn key(name: &str) -> String {
@@ -301,12 +320,7 @@ async fn sixty_four_concurrent_duplicates_charge_once_and_get_one_identical_repl
     for call in calls {
         replies.push(call.await.unwrap().expect("every duplicate gets the reply"));
     }
-    let effects = pg_effects::effects(
-        &payments.store,
-        &payments.table,
-        &StoreKey::new("unused".to_owned(), key.clone()),
-    )
-    .await;
+    let effects = payments.charges_for(&key).await;
     assert_eq!(effects, 1, "one charge in the database");
     assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
     let first = &replies[0];
@@ -352,12 +366,7 @@ async fn unavailable_is_not_stored_so_the_retry_runs_and_charges_once() {
     let (replayed, _) = charge(client(addr).await, Some(&key)).await.unwrap();
     assert_eq!(reply, replayed, "the success is stored and replayed");
     assert_eq!(payments.attempts.load(Ordering::SeqCst), 2);
-    let effects = pg_effects::effects(
-        &payments.store,
-        &payments.table,
-        &StoreKey::new("unused".to_owned(), key.clone()),
-    )
-    .await;
+    let effects = payments.charges_for(&key).await;
     assert_eq!(effects, 1);
 }
 
@@ -399,15 +408,7 @@ async fn a_duplicate_of_a_running_call_under_the_reject_policy_is_aborted_with_a
     // Long enough that the duplicate surely arrives while the owner runs, on a loaded machine.
     payments.hold_ms.store(2000, Ordering::SeqCst);
     let duplicate = client(addr).await;
-    let owner = {
-        let client = client(addr).await;
-        let key = key.clone();
-        tokio::spawn(async move { charge(client, Some(&key)).await })
-    };
-    // Wait until the owner is inside its handler.
-    while payments.attempts.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
+    let owner = start_owner(addr, &key, &payments).await;
     let status = charge(duplicate, Some(&key)).await.unwrap_err();
     assert_eq!(status.code(), Code::Aborted, "{status:?}");
     assert_eq!(
@@ -431,14 +432,7 @@ async fn a_duplicate_whose_deadline_passes_while_it_waits_is_deadline_exceeded_a
     // The owner runs far longer than the duplicate's deadline, even on a loaded machine.
     payments.hold_ms.store(3000, Ordering::SeqCst);
     let duplicate = client_leaving_deadlines_to_the_server(addr).await;
-    let owner = {
-        let client = client(addr).await;
-        let key = key.clone();
-        tokio::spawn(async move { charge(client, Some(&key)).await })
-    };
-    while payments.attempts.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
+    let owner = start_owner(addr, &key, &payments).await;
     let message = ChargeRequest {
         amount: 1200,
         request_id: String::new(),
@@ -458,12 +452,7 @@ async fn a_duplicate_whose_deadline_passes_while_it_waits_is_deadline_exceeded_a
         .expect("a later retry gets the owner's reply");
     assert_eq!(retried, owned, "the retry replays the owner's reply");
     assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
-    let effects = pg_effects::effects(
-        &payments.store,
-        &payments.table,
-        &StoreKey::new("unused".to_owned(), key.clone()),
-    )
-    .await;
+    let effects = payments.charges_for(&key).await;
     assert_eq!(effects, 1, "one charge in the database");
 }
 
@@ -489,12 +478,7 @@ async fn an_unreachable_store_is_unavailable_with_a_pushback_and_runs_nothing() 
         "{status:?}"
     );
     assert_eq!(payments.attempts.load(Ordering::SeqCst), 0, "nothing ran");
-    let effects = pg_effects::effects(
-        &payments.store,
-        &payments.table,
-        &StoreKey::new("unused".to_owned(), key.clone()),
-    )
-    .await;
+    let effects = payments.charges_for(&key).await;
     assert_eq!(effects, 0, "nothing charged");
 }
 
@@ -538,12 +522,7 @@ async fn two_concurrent_calls_with_one_request_id_and_no_metadata_key_charge_onc
         "message, headers and trailers identical"
     );
     assert_eq!(payments.attempts.load(Ordering::SeqCst), 1);
-    let effects = pg_effects::effects(
-        &payments.store,
-        &payments.table,
-        &StoreKey::new("unused".to_owned(), id.clone()),
-    )
-    .await;
+    let effects = payments.charges_for(&id).await;
     assert_eq!(effects, 1, "one charge in the database");
 }
 

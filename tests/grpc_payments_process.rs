@@ -9,9 +9,12 @@
 mod backends;
 #[path = "common/example_binary.rs"]
 mod example_binary;
+#[path = "common/grpc_metadata.rs"]
+mod grpc_metadata;
 #[path = "../examples/grpc_payments/messages.rs"]
 mod messages;
 
+use grpc_metadata::comparable_metadata;
 use std::{
     net::SocketAddr,
     process::{ExitStatus, Stdio},
@@ -162,15 +165,7 @@ async fn charge(
     let reply = tokio::time::timeout(PATIENCE, client.unary(request, path, codec))
         .await
         .expect("a charge answers in time")?;
-    let mut metadata: Vec<(String, String)> = reply
-        .metadata()
-        .clone()
-        .into_headers()
-        .iter()
-        .filter(|(name, _)| name.as_str() != "date")
-        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-        .collect();
-    metadata.sort();
+    let metadata = comparable_metadata(reply.metadata());
     Ok((reply.into_inner(), metadata))
 }
 
