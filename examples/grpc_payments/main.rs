@@ -42,9 +42,10 @@
 //! With PostgreSQL a process killed at any instant leaves either nothing (a retry charges
 //! once) or the charge and its stored reply (a retry replays it).
 
+#[path = "../common/mod.rs"]
+mod common;
 mod config;
 mod ledger;
-mod logs;
 mod messages;
 mod service;
 
@@ -67,7 +68,7 @@ const INVALID_ARGUMENT: i32 = 3;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    logs::init();
+    common::init_logs("info,sqlx=warn", std::io::stdout);
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -135,20 +136,10 @@ async fn run() -> Result<(), Error> {
         .add_service(payments)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener),
-            logs::shutdown_signal(),
+            common::shutdown_signal(),
         )
         .await?;
-    // Calls whose clients hung up run on, detached: let them finish and record their outcome
-    // rather than leave their keys claimed until the lease runs out.
-    if tokio::time::timeout(Duration::from_secs(30), engine.drained())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            in_flight = engine.in_flight(),
-            "shut down with calls still running"
-        );
-    }
+    common::drain(&engine).await;
     if let Some(purger) = purger {
         purger.abort();
     }

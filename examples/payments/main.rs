@@ -193,17 +193,7 @@ async fn run() -> Result<(), backends::Error> {
     axum::serve(listener, router)
         .with_graceful_shutdown(pipeline::shutdown_signal())
         .await?;
-    // Handlers whose clients hung up run on, detached: let them finish and record their
-    // outcome, rather than leave their keys claimed until the lease runs out.
-    if tokio::time::timeout(Duration::from_secs(30), engine.drained())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            in_flight = engine.in_flight(),
-            "shut down with handlers still running"
-        );
-    }
+    pipeline::drain(&engine).await;
     // Stopped after the handlers, so it can still take their events; a row committed after
     // its last batch stays unsent for the next relay (or this service's next start).
     if let Some(relay) = relay {

@@ -1,14 +1,19 @@
 //! What the `receipts` consumer, the `outbox_relay` and the `payments` service (which
-//! `#[path]`-includes this file) share: the environment, the broker topology (below), the
-//! relay's publisher, the shutdown signal and the log output ([`init_logs`]: `LOG_FORMAT=json`
-//! for JSON lines; colours only on a terminal).
+//! `#[path]`-includes this file) share: the broker topology (below) and the relay's publisher,
+//! beside what every example service shares (`../common`: the environment, the shutdown
+//! signal, the log output, the drain at shutdown), re-exported here.
 //!
 //! `PIPELINE_NAMESPACE` (default empty; letters, digits, `_` and `-`) is appended to every
 //! broker name — exchange `payments<ns>`, queue `receipts<ns>`, stream `PAYMENTS<ns>` on
 //! `payments<ns>.>`, consumer `receipts<ns>` — so that tests sharing a broker stay apart.
 #![allow(dead_code)] // each example uses a part
 
-use std::{str::FromStr, time::Duration};
+use std::time::Duration;
+
+#[path = "../common/mod.rs"]
+mod common;
+#[allow(unused_imports)] // each example uses a part
+pub use common::{drain, init_logs, number, shutdown_signal, var};
 
 use tower_idempotency::{
     broker::{
@@ -138,55 +143,6 @@ impl Database {
             )),
             None => Err("set DATABASE_URL (a postgres://, mysql:// or sqlite:// URL)".to_owned()),
         }
-    }
-}
-
-pub fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-pub fn number<T: FromStr>(name: &str, default: T) -> Result<T, String> {
-    match var(name) {
-        None => Ok(default),
-        Some(text) => text
-            .parse()
-            .map_err(|_| format!("{name}={text:?} is not a valid non-negative integer")),
-    }
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let mut terminate =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => return std::future::pending().await,
-        };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = terminate.recv() => {},
-    }
-    tracing::info!("shutting down");
-}
-
-/// Installs every example's log output on `stream`, filtered by `RUST_LOG` (else
-/// `default_filter`). `LOG_FORMAT=json` writes one JSON object a line, for services that ship
-/// logs; otherwise text, coloured only when `stream` is a terminal and `NO_COLOR` is unset, so
-/// a log file or a pipe never holds escape codes.
-pub fn init_logs<W>(default_filter: &str, stream: fn() -> W)
-where
-    W: std::io::Write + std::io::IsTerminal + 'static,
-{
-    let logs = tracing_subscriber::fmt()
-        .with_writer(stream)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        );
-    if std::env::var("LOG_FORMAT").is_ok_and(|format| format.eq_ignore_ascii_case("json")) {
-        logs.json().init();
-    } else {
-        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-        logs.with_ansi(stream().is_terminal() && !no_color).init();
     }
 }
 
