@@ -31,7 +31,8 @@ pub struct ETag {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid entity tag {value:?}: {reason}; an entity tag is a quoted string such as \"7\", optionally prefixed by W/ for a weak tag")]
 pub struct InvalidETag {
-    /// The offending text (lossily decoded, shortened to 64 bytes).
+    /// The offending text: its first 64 bytes, lossily decoded (each invalid byte becomes
+    /// U+FFFD, so the string may be longer than 64 bytes).
     pub value: String,
     /// What is wrong with it.
     pub reason: &'static str,
