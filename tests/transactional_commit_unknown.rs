@@ -5,8 +5,9 @@
 //! and a second connection terminates the owner's backend during that sleep. Effects are
 //! counted in the database.
 //!
-//! Killed inside the trigger, the transaction did not commit, so the retry runs once. The
-//! other variant (committed, then the connection lost before the answer) is not produced here.
+//! Killed inside the trigger, the transaction did not commit, so the retry runs once. Cut off
+//! at a proxy while the server still sleeps in the trigger, it commits anyway, and the retry
+//! replays it.
 //!
 //! One test in a binary of its own: it installs the global metrics recorder.
 
@@ -16,6 +17,8 @@
 mod backends;
 #[path = "common/pg_effects.rs"]
 mod pg_effects;
+#[path = "common/proxy.rs"]
+mod proxy;
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +30,8 @@ use axum::{
 };
 use bytes::Bytes;
 use metrics_exporter_prometheus::PrometheusBuilder;
+use proxy::Proxy;
+use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_idempotency::{
@@ -46,7 +51,7 @@ const OUTCOME_UNKNOWN: &str =
     "idempotency_requests_total{outcome=\"rejected\",reason=\"outcome_unknown\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_killed_mid_way_answers_outcome_unknown_and_its_retry_runs_once() {
+async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_learns_it() {
     let Some((store, table)) = pg_effects::store_and_table(4, "tx_unknown").await else {
         return;
     };
@@ -56,10 +61,14 @@ async fn a_commit_killed_mid_way_answers_outcome_unknown_and_its_retry_runs_once
     slow_commits(&store, &table).await;
 
     let key = StoreKey::new("tx-unknown", Token::random().to_hex());
-    let (app, mut pids) = app(&store, &table, &key);
+    let (app, mut pids) = route(&store, &table, &key);
 
     // The first request: its COMMIT sleeps in the trigger until it is killed.
-    let first = tokio::spawn(send(app.clone(), key.key().to_owned(), true));
+    let first = tokio::spawn(send(
+        app.clone(),
+        key.key().to_owned(),
+        Some(COMMIT_SLEEP_SECS),
+    ));
     let started = Instant::now();
     let pid = pids.recv().await.expect("the slow handler's backend");
     sleeping_in_commit(&store, pid).await;
@@ -100,37 +109,81 @@ async fn a_commit_killed_mid_way_answers_outcome_unknown_and_its_retry_runs_once
     // Killed in the trigger, i.e. before the commit point: nothing persisted, and the
     // claim (an advisory lock) ended with the session, so the key is free.
     assert_eq!(pg_effects::effects(&store, &table, &key).await, 0);
-    let record: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM tower_idempotency_records WHERE key = $1")
-            .bind(key.key())
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
     assert_eq!(
-        record, 0,
+        records(&store, &key).await,
+        0,
         "a record committed although the COMMIT was killed"
     );
 
     // The retry with the same key learns it: nothing committed, so it runs, once.
-    let (status, _, body) = send(app.clone(), key.key().to_owned(), false).await;
+    let (status, _, body) = send(app.clone(), key.key().to_owned(), None).await;
     assert_eq!(status, StatusCode::CREATED, "{body:?}");
     assert_eq!(pg_effects::effects(&store, &table, &key).await, 1);
     // And the next one replays that run.
-    let (again, _, replayed) = send(app, key.key().to_owned(), false).await;
+    let (again, _, replayed) = send(app, key.key().to_owned(), None).await;
     assert_eq!((again, replayed), (status, body));
     assert_eq!(pg_effects::effects(&store, &table, &key).await, 1);
     assert_eq!(counter(&metrics.render(), OUTCOME_UNKNOWN), 1);
+
+    // The other side: the COMMIT goes through, but the connection is cut (at a proxy) while
+    // the server still sleeps in it, so the owner never hears the answer.
+    let (proxy, proxied) = through_proxy(&store).await;
+    let key = StoreKey::new("tx-unknown", Token::random().to_hex());
+    let (app, mut pids) = route(&proxied, &table, &key);
+    let first = tokio::spawn(send(app.clone(), key.key().to_owned(), Some(1)));
+    let pid = pids.recv().await.expect("the slow handler's backend");
+    sleeping_in_commit(&store, pid).await;
+    proxy.cut();
+    let (status, _, body) = first.await.expect("the first request's task");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
+    let problem: serde_json::Value = serde_json::from_slice(&body).expect("problem+json");
+    assert_eq!(problem["type"], "urn:tower-idempotency:outcome-unknown");
+    assert_eq!(counter(&metrics.render(), OUTCOME_UNKNOWN), 2);
+    // The server finishes the sleep and commits: effect and record, together.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while records(&store, &key).await == 0 {
+        assert!(Instant::now() < deadline, "the cut-off COMMIT never landed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(pg_effects::effects(&store, &table, &key).await, 1);
+    // The retry learns it: a replay of the committed answer, not a second run.
+    proxy.restore();
+    let (status, _, body) = send(app, key.key().to_owned(), None).await;
+    assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"charged"[..]));
+    assert_eq!(pg_effects::effects(&store, &table, &key).await, 1);
 }
 
-/// A deferred constraint trigger on `table`: it fires at `COMMIT` and sleeps there when the
-/// transaction set `tx_unknown.slow`.
+/// How many records `key` has in the store's table.
+async fn records(store: &PostgresStore, key: &StoreKey) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM tower_idempotency_records WHERE key = $1")
+        .bind(key.key())
+        .fetch_one(store.pool())
+        .await
+        .expect("count records")
+}
+
+/// A store on the same database as `store`, whose connections pass through a proxy.
+async fn through_proxy(store: &PostgresStore) -> (Proxy, PostgresStore) {
+    let options = (*store.pool().connect_options()).clone();
+    let proxy = Proxy::start(options.get_host(), options.get_port()).await;
+    let options = options.host("127.0.0.1").port(proxy.addr().port());
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("connect through the proxy");
+    (proxy, PostgresStore::new(pool))
+}
+
+/// A deferred constraint trigger on `table`: it fires at `COMMIT` and sleeps there for the
+/// seconds the transaction set in `tx_unknown.slow`.
 async fn slow_commits(store: &PostgresStore, table: &str) {
     let statements = [
         format!(
             "CREATE FUNCTION {table}_slow() RETURNS trigger LANGUAGE plpgsql AS $$ \
              BEGIN \
-               IF current_setting('tx_unknown.slow', true) = 'on' THEN \
-                 PERFORM pg_sleep({COMMIT_SLEEP_SECS}); \
+               IF coalesce(current_setting('tx_unknown.slow', true), '') <> '' THEN \
+                 PERFORM pg_sleep(current_setting('tx_unknown.slow')::float8); \
                END IF; \
                RETURN NULL; \
              END $$"
@@ -173,8 +226,9 @@ async fn sleeping_in_commit(store: &PostgresStore, pid: i32) {
 }
 
 /// A transactional route whose handler writes one effect row for its key, and asks for a
-/// slow commit when the request says `x-slow` (sending its backend's pid to the receiver).
-fn app(
+/// commit sleeping `x-slow` seconds when the request says so (sending its backend's pid to
+/// the receiver).
+fn route(
     store: &PostgresStore,
     table: &str,
     key: &StoreKey,
@@ -184,10 +238,11 @@ fn app(
     let handler = move |mut tx: Tx<sqlx::Postgres>, headers: HeaderMap| {
         let (table, key, pids) = (table.clone(), key.clone(), pids.clone());
         async move {
-            if headers.contains_key("x-slow") {
+            if let Some(secs) = headers.get("x-slow") {
                 let pid: i32 = sqlx::query_scalar(
-                    "SELECT pg_backend_pid() FROM set_config('tx_unknown.slow', 'on', true)",
+                    "SELECT pg_backend_pid() FROM set_config('tx_unknown.slow', $1, true)",
                 )
+                .bind(secs.to_str().unwrap().to_owned())
                 .fetch_one(&mut *tx)
                 .await
                 .unwrap();
@@ -217,10 +272,11 @@ fn app(
     )
 }
 
-async fn send(app: Router, key: String, slow: bool) -> (StatusCode, HeaderMap, Bytes) {
+/// Sends one keyed request; `slow`: the seconds its commit sleeps in the trigger.
+async fn send(app: Router, key: String, slow: Option<u32>) -> (StatusCode, HeaderMap, Bytes) {
     let mut request = Request::post("/").header("idempotency-key", key);
-    if slow {
-        request = request.header("x-slow", "1");
+    if let Some(secs) = slow {
+        request = request.header("x-slow", secs);
     }
     let response = app
         .oneshot(request.body(Body::empty()).unwrap())
