@@ -244,6 +244,24 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_commit_outcome_is_unavailable_with_pushback() {
+        let rejection = Rejection::OutcomeUnknown {
+            retry_after: Duration::from_millis(1500),
+        };
+        let response: Response<()> = rejection_response(&rejection);
+        let headers = response.headers();
+        assert_eq!(
+            headers["grpc-status"],
+            code::UNAVAILABLE.to_string().as_str()
+        );
+        assert_eq!(headers["grpc-retry-pushback-ms"], "1500");
+        assert!(headers["grpc-message"]
+            .to_str()
+            .unwrap()
+            .contains("outcome is unknown"));
+    }
+
+    #[test]
     fn timeouts_parse_every_unit_and_refuse_garbage() {
         let parse = |value: &'static str| {
             let mut headers = HeaderMap::new();
