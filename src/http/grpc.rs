@@ -39,7 +39,7 @@
 //! | a client stream (not exactly one request message) | `UNIMPLEMENTED` |
 //! | first call still running, reject policy | `ABORTED` + `grpc-retry-pushback-ms` |
 //! | the database is busy with other writers (SQLite, transactional mode) | `ABORTED` + `grpc-retry-pushback-ms` |
-//! | store unavailable, transaction not committed | `UNAVAILABLE` + `grpc-retry-pushback-ms` |
+//! | store unavailable, transaction not committed, commit outcome unknown | `UNAVAILABLE` + `grpc-retry-pushback-ms` |
 //! | the call's `grpc-timeout` passed while it waited for the first one | `DEADLINE_EXCEEDED` |
 //! | first call completed but its response was too large to store | `ALREADY_EXISTS` |
 //! | the handler panicked, its body failed, it kept the transaction | `INTERNAL` |
@@ -127,7 +127,9 @@ fn status_for(rejection: &Rejection) -> (i32, Option<Duration>) {
         Rejection::BodyTooLarge { .. } => code::RESOURCE_EXHAUSTED,
         Rejection::NotUnary => code::UNIMPLEMENTED,
         Rejection::InProgress { .. } | Rejection::StoreBusy { .. } => code::ABORTED,
-        Rejection::StoreUnavailable { .. } | Rejection::NotCommitted { .. } => code::UNAVAILABLE,
+        Rejection::StoreUnavailable { .. }
+        | Rejection::NotCommitted { .. }
+        | Rejection::OutcomeUnknown { .. } => code::UNAVAILABLE,
         Rejection::DeadlineExceeded => code::DEADLINE_EXCEEDED,
         Rejection::ResponseNotStored { .. } => code::ALREADY_EXISTS,
         Rejection::HandlerPanicked | Rejection::ResponseBodyFailed | Rejection::TransactionHeld => {
@@ -239,6 +241,24 @@ mod tests {
             assert_eq!(is_grpc(&headers), grpc, "{value}");
         }
         assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn an_unknown_commit_outcome_is_unavailable_with_pushback() {
+        let rejection = Rejection::OutcomeUnknown {
+            retry_after: Duration::from_millis(1500),
+        };
+        let response: Response<()> = rejection_response(&rejection);
+        let headers = response.headers();
+        assert_eq!(
+            headers["grpc-status"],
+            code::UNAVAILABLE.to_string().as_str()
+        );
+        assert_eq!(headers["grpc-retry-pushback-ms"], "1500");
+        assert!(headers["grpc-message"]
+            .to_str()
+            .unwrap()
+            .contains("outcome is unknown"));
     }
 
     #[test]

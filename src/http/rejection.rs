@@ -28,6 +28,7 @@ use crate::problem::Problem;
 /// | [`HandlerPanicked`](Self::HandlerPanicked) | 500 | `urn:tower-idempotency:handler-panicked` |
 /// | [`ResponseBodyFailed`](Self::ResponseBodyFailed) | 500 | `urn:tower-idempotency:response-body-failed` |
 /// | [`NotCommitted`](Self::NotCommitted) | 503 + `Retry-After` | `urn:tower-idempotency:not-committed` |
+/// | [`OutcomeUnknown`](Self::OutcomeUnknown) | 503 + `Retry-After` | `urn:tower-idempotency:outcome-unknown` |
 /// | [`TransactionHeld`](Self::TransactionHeld) | 500 | `urn:tower-idempotency:transaction-held` |
 /// | [`NotUnary`](Self::NotUnary) | 400 | `urn:tower-idempotency:not-unary` |
 /// | [`DeadlineExceeded`](Self::DeadlineExceeded) | 504 | `urn:tower-idempotency:deadline-exceeded` |
@@ -104,6 +105,15 @@ pub enum Rejection {
         /// Suggested delay before retrying.
         retry_after: Duration,
     },
+    /// Transactional mode: the handler ran, but the connection broke (or the database stopped
+    /// answering) while its transaction was committing, so whether it committed is unknown.
+    /// The key is not held either way: a retry with the same key replays the committed
+    /// response, or runs once if nothing committed.
+    #[error("the handler ran but the connection broke while its transaction committed; the outcome is unknown: retry after {retry_after:?} with the same key")]
+    OutcomeUnknown {
+        /// Suggested delay before retrying.
+        retry_after: Duration,
+    },
     /// Transactional mode: the handler still held the transaction after it answered (it kept
     /// the guard, or a task it spawned did), so nothing was committed.
     #[error("the handler still held the transaction after it answered, so nothing was committed")]
@@ -130,7 +140,8 @@ impl Rejection {
             Rejection::InProgress { retry_after }
             | Rejection::StoreBusy { retry_after }
             | Rejection::StoreUnavailable { retry_after }
-            | Rejection::NotCommitted { retry_after } => Some(*retry_after),
+            | Rejection::NotCommitted { retry_after }
+            | Rejection::OutcomeUnknown { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -211,6 +222,12 @@ impl Rejection {
                 "urn:tower-idempotency:not-committed",
                 "Request not committed",
                 format!("the request ran but its transaction could not be committed, so nothing of it persists; retry in {} s with the same key", retry_after_secs(*retry_after)),
+            ),
+            Rejection::OutcomeUnknown { retry_after } => (
+                S::SERVICE_UNAVAILABLE,
+                "urn:tower-idempotency:outcome-unknown",
+                "Request outcome unknown",
+                format!("the request ran but the connection to the database broke while it was committing; outcome unknown; retry with the same key in {} s: a committed request is replayed, one that did not commit runs once", retry_after_secs(*retry_after)),
             ),
             Rejection::TransactionHeld => (
                 S::INTERNAL_SERVER_ERROR,

@@ -146,6 +146,14 @@ where
             // Unkeyed work claims no key, so no other request can record it first.
             None => render(&config, grpc, Rejection::NotCommitted { retry_after }),
         }),
+        Err(error @ CommitError::OutcomeUnknown(_)) => {
+            tracing::error!(key = %key(), error = %error, "connection lost during the commit; the handler's writes may or may not have committed");
+            Ok(render(
+                &config,
+                grpc,
+                Rejection::OutcomeUnknown { retry_after },
+            ))
+        }
         Err(error) => {
             tracing::error!(key = %key(), error = %error, "commit failed; the handler's writes were rolled back");
             let rejection = match error {

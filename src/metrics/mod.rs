@@ -22,7 +22,7 @@
 //!
 //! | Metric | Kind | Labels |
 //! |---|---|---|
-//! | `idempotency_requests_total` | counter | `outcome`: `executed`, `replayed`, `key_reused`, `in_progress`, `store_unavailable`, `rejected` (with `reason`) |
+//! | `idempotency_requests_total` | counter | `outcome`: `executed`, `replayed`, `key_reused`, `in_progress`, `store_unavailable`, `busy`, `rejected` (with `reason`: `missing_key`, `invalid_key`, `missing_identity`, `body_unreadable`, `body_too_large`, `handler_panicked`, `response_body_failed`, `not_committed`, `outcome_unknown` (a commit whose connection broke: it may have committed), `transaction_held`, `not_unary`, `deadline_exceeded`) |
 //! | `idempotency_waits_total`, `idempotency_wait_seconds` | counter, histogram | |
 //! | `idempotency_store_operation_seconds` | histogram | `operation`: `claim`, `lookup`, `complete`, `release` |
 //! | `idempotency_store_errors_total` | counter | `operation` |
@@ -60,6 +60,9 @@ pub const STORE_UNAVAILABLE: &str = "store_unavailable";
 pub const BUSY: &str = "busy";
 /// The `outcome` of a request the HTTP layer rejected itself; see its `reason` label.
 pub const REJECTED: &str = "rejected";
+/// The `reason` of a [`REJECTED`] request whose transaction's `COMMIT` lost its connection
+/// (transactional mode, 503 `outcome-unknown`): it may have committed; its retry learns.
+pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
 
 #[cfg(feature = "metrics")]
 mod hot;
@@ -105,6 +108,7 @@ pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
         R::HandlerPanicked => "handler_panicked",
         R::ResponseBodyFailed => "response_body_failed",
         R::NotCommitted { .. } => "not_committed",
+        R::OutcomeUnknown { .. } => OUTCOME_UNKNOWN,
         R::TransactionHeld => "transaction_held",
         R::NotUnary => "not_unary",
         R::DeadlineExceeded => "deadline_exceeded",

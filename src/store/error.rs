@@ -30,6 +30,19 @@ pub enum StoreError {
         after: std::time::Duration,
     },
 
+    /// The connection broke after a `COMMIT` was sent (an I/O or protocol error, the server
+    /// ending the session): the transaction may or may not have committed. Nothing here can
+    /// tell which; the next request with the key learns it (a committed record is replayed,
+    /// a key with no record runs once). The source is the backend's own error.
+    #[error("the connection to the {backend} idempotency store broke during the commit; the transaction may or may not have committed")]
+    CommitOutcomeUnknown {
+        /// Which backend failed (`"postgres"`, `"mysql"`, ...).
+        backend: &'static str,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+
     /// A stored record could not be decoded: it was written by something else or is damaged.
     #[error("the {backend} idempotency store holds a record it cannot read: {detail}")]
     Corrupt {

@@ -209,7 +209,8 @@ pub(super) async fn begin_then_claim<DB: sqlx::Database, D: TxDialect<DB> + ?Siz
     )
 }
 
-/// Commits a sqlx transaction. A crate-owned one cannot be committed here (this code does not
+/// Commits a sqlx transaction; a broken connection during the `COMMIT` is
+/// [`StoreError::CommitOutcomeUnknown`]. A crate-owned one cannot be committed here (this code does not
 /// know its dialect): it is dropped, which rolls it back, and the caller is told.
 pub(super) async fn commit_sqlx<DB: sqlx::Database>(
     tx: OpenTx<DB>,
@@ -219,7 +220,7 @@ pub(super) async fn commit_sqlx<DB: sqlx::Database>(
         Some(tx) => tx
             .commit()
             .await
-            .map_err(|e| StoreError::backend(backend, e)),
+            .map_err(|e| super::unknown::commit_failed(backend, e)),
         None => Err(StoreError::backend(backend, NotSqlx)),
     }
 }

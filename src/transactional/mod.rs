@@ -21,6 +21,7 @@
 //! | the owner dies or fails ... | what persists | the retry |
 //! |---|---|---|
 //! | before its transaction commits (crash, kill -9, lost connection, panic, error) | nothing: the server rolls back | runs once |
+//! | while its `COMMIT` is under way (connection killed or broken, store silent past its time limit) | either nothing or both, unknown to the owner: it answers `503` + `Retry-After` (`urn:tower-idempotency:outcome-unknown`, [`CommitError::OutcomeUnknown`]); the claim ended with the transaction | replays if it committed, else runs once |
 //! | after the commit | the effect and its stored outcome, together | replays |
 //!
 //! No lease is needed to recover from a crash: the database aborts a dead owner's transaction
@@ -73,8 +74,10 @@
 //! - A response that is not stored (5xx, 408, 409, 425, 429, `DoNotStore`, an error, a panic)
 //!   rolls back the handler's writes too, so the retry starts from a clean slate.
 //! - The response body is read before the commit; the client only sees an answer whose record
-//!   committed. A failed commit answers `503` (`urn:tower-idempotency:not-committed`) and
-//!   nothing of the request persists.
+//!   committed. A commit the database refused answers `503`
+//!   (`urn:tower-idempotency:not-committed`) and nothing of the request persists; a commit
+//!   whose connection broke answers `503` (`urn:tower-idempotency:outcome-unknown`), as it may
+//!   have committed: the retry with the same key replays it, or runs once if it did not.
 //! - Duplicates never hold a database connection while they wait: the claim does not queue
 //!   behind the owner's uncommitted row (PostgreSQL: a per-key `pg_try_advisory_xact_lock`;
 //!   MariaDB: a zero lock wait). Duplicates in the owner's process are woken when it commits.
@@ -114,6 +117,7 @@ mod slot;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod turn;
+mod unknown;
 
 use std::sync::Arc;
 

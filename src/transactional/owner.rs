@@ -48,23 +48,44 @@ struct ClaimRow {
     _turn: Option<WriterTurn>,
 }
 
-/// Why [`TxOwner::commit`] did not commit. Nothing of the transaction persists — unless the
-/// connection broke while the `COMMIT` itself was under way, when the outcome is unknown and a
-/// retry finds out (it replays if the commit went through).
+/// Why [`TxOwner::commit`] did not commit, or cannot say whether it did. Nothing of the
+/// transaction persists, except after [`OutcomeUnknown`](Self::OutcomeUnknown).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommitError {
     /// The operation still holds the transaction.
     #[error(transparent)]
     StillBorrowed(#[from] StillBorrowed),
-    /// Writing the outcome or committing failed.
+    /// Writing the outcome or committing failed: the server refused it (or it never reached
+    /// the `COMMIT`), so nothing of it persists.
     #[error("the idempotency transaction could not be committed; nothing of it persists")]
     Store(#[source] StoreError),
+    /// The connection broke, or the store stopped answering, while the `COMMIT` was under
+    /// way: the transaction may have committed (effects and record together) or not (nothing).
+    /// The key is not left claimed either way — the server ended the transaction, and with
+    /// it the claim — so the next request with the key learns the outcome: it replays the
+    /// committed record, or runs once if there is none.
+    #[error("the connection broke during the commit; the idempotency transaction may or may not have committed: retry with the same key to learn its outcome")]
+    OutcomeUnknown(#[source] StoreError),
     /// Another request recorded the key first (a race the claim could not see): nothing of
     /// this transaction persists. Treat the request as a duplicate: wait for the key's
     /// outcome and replay it (the HTTP layer and `run_once` do).
     #[error("another request recorded this idempotency key first; nothing of this attempt persists, replay the recorded outcome")]
     KeyTaken,
+}
+
+impl CommitError {
+    /// A store error of the commit: one that cannot tell whether the `COMMIT` went through
+    /// (a broken connection; a time-out, after which the server may still commit) is
+    /// [`OutcomeUnknown`](Self::OutcomeUnknown).
+    fn from_store(error: StoreError) -> Self {
+        match error {
+            StoreError::CommitOutcomeUnknown { .. } | StoreError::Timeout { .. } => {
+                Self::OutcomeUnknown(error)
+            }
+            error => Self::Store(error),
+        }
+    }
 }
 
 impl<DB: sqlx::Database> TxOwner<DB> {
@@ -121,7 +142,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
 
     /// Stores `payload` as the key's outcome in the transaction and commits it with the
     /// operation's writes. For unkeyed work the payload is ignored and the transaction simply
-    /// commits. On error nothing persists (see [`CommitError`]).
+    /// commits. On error nothing persists, unless the outcome is unknown (see [`CommitError`]).
     pub async fn commit(self, payload: Bytes) -> Result<(), CommitError> {
         let Some(tx) = self.slot.take()? else {
             // Unkeyed work that never used its transaction: nothing to commit.
@@ -132,7 +153,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
             return engine
                 .bounded(self.dialect.commit(tx))
                 .await
-                .map_err(CommitError::Store);
+                .map_err(CommitError::from_store);
         };
         let retention: Duration = engine.shared.config.retention;
         let committed = engine
@@ -145,7 +166,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
                 retention,
             ))
             .await
-            .map_err(CommitError::Store)?;
+            .map_err(CommitError::from_store)?;
         match committed {
             TxCommit::Committed => {
                 tracing::debug!(key = %claim.key.log_id(), "committed with its outcome");

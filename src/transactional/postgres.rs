@@ -139,6 +139,12 @@ fn backend(error: sqlx::Error) -> StoreError {
     StoreError::backend(BACKEND, error)
 }
 
+/// [`backend`] for a statement that carried a `COMMIT`: a broken connection leaves the
+/// outcome unknown.
+fn commit_failed(error: sqlx::Error) -> StoreError {
+    super::unknown::commit_failed(BACKEND, error)
+}
+
 /// What the `found` rows of a claim or a probe say: a live record beats a claim or "busy".
 enum Found {
     Claimed,
@@ -188,11 +194,12 @@ impl PgDialect {
         &self,
         mut tx: OpenTx<Postgres>,
         statement: &'static str,
+        failed: fn(sqlx::Error) -> StoreError,
     ) -> Result<(), StoreError> {
         sqlx::raw_sql(statement)
             .execute(&mut *tx)
             .await
-            .map_err(backend)?;
+            .map_err(failed)?;
         drop(tx.into_connection());
         Ok(())
     }
@@ -201,7 +208,7 @@ impl PgDialect {
     /// statement failed): a failure here only means the connection is gone, which ends the
     /// transaction too.
     async fn abandon(&self, tx: OpenTx<Postgres>) {
-        if let Err(error) = self.end(tx, "ROLLBACK").await {
+        if let Err(error) = self.end(tx, "ROLLBACK", backend).await {
             tracing::debug!(%error, "rollback failed; the server ends the transaction with the connection");
         }
     }
@@ -360,17 +367,17 @@ impl TxDialect<Postgres> for PgDialect {
             }
             Err(error) => {
                 self.abandon(tx).await;
-                Err(backend(error))
+                Err(commit_failed(error))
             }
         }
     }
 
     async fn commit(&self, tx: OpenTx<Postgres>) -> Result<(), StoreError> {
-        self.end(tx, "COMMIT").await
+        self.end(tx, "COMMIT", commit_failed).await
     }
 
     async fn rollback(&self, tx: OpenTx<Postgres>) -> Result<(), StoreError> {
-        self.end(tx, "ROLLBACK").await
+        self.end(tx, "ROLLBACK", backend).await
     }
 
     fn can_await_owner(&self) -> bool {

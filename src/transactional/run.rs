@@ -10,7 +10,8 @@ use crate::{
     record::{Fingerprint, StoreKey},
 };
 
-/// Why [`Transactional::run_once`] failed. In every case nothing of the operation persists.
+/// Why [`Transactional::run_once`] failed. Nothing of the operation persists, except after
+/// [`CommitError::OutcomeUnknown`], when it may have committed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TxRunError<E> {
@@ -22,7 +23,8 @@ pub enum TxRunError<E> {
     #[error("the operation failed; its transaction was rolled back so that a retry runs it again")]
     Operation(#[source] E),
     /// The operation succeeded but its transaction could not commit: its writes were rolled
-    /// back with the claim, so a retry runs it again.
+    /// back with the claim, so a retry runs it again. With [`CommitError::OutcomeUnknown`] the
+    /// commit may have gone through; a retry with the key replays it if so.
     #[error(transparent)]
     Commit(#[from] CommitError),
 }
