@@ -22,6 +22,7 @@ pub mod record;
 #[cfg(feature = "sqlx")]
 pub mod sql;
 pub mod store;
+mod sync;
 #[cfg(feature = "sqlx")]
 pub mod transactional;
 pub mod version;

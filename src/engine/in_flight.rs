@@ -1,9 +1,8 @@
 //! Counting the claims a process holds, so a graceful shutdown can wait for them.
 
-use std::sync::{
-    atomic::{AtomicUsize, Ordering},
-    Arc,
-};
+use std::sync::Arc;
+
+use crate::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
@@ -74,6 +73,9 @@ impl Drop for Listening<'_> {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+#[cfg(all(test, shuttle))]
+mod shuttle_tests;
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! The memory store's byte budget: what its records may hold, and the "store full" episode
 //! it logs once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Bytes charged against a fixed maximum, shared by all shards.
 #[derive(Debug)]

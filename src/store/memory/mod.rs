@@ -13,9 +13,11 @@
 
 mod budget;
 mod shard;
+#[cfg(all(test, shuttle))]
+mod shuttle_tests;
 
 use std::{
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -28,6 +30,7 @@ use self::{
 };
 use super::{Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
+use crate::sync::{Mutex, MutexGuard};
 
 /// How many shards split the records (a power of two). Enough that tasks on different keys
 /// rarely wait for each other's lock.

@@ -1,0 +1,16 @@
+//! The locks and atomics of the in-process structures whose races the shuttle tests explore.
+//!
+//! Normally these are `std::sync`'s own. Built with `RUSTFLAGS="--cfg shuttle"`
+//! (`scripts/shuttle`) they are shuttle's, which yield to its scheduler at every lock and
+//! atomic access, so its tests can run the structures under chosen interleavings. Only the
+//! structures that import from here are switched: tokio's `Notify` and `watch` cannot be
+//! scheduled by shuttle, and anything still using `std::sync` directly is not explored.
+
+// The locks serve the memory store only; without it just the atomics are used.
+#[cfg(not(shuttle))]
+#[cfg_attr(not(feature = "memory"), allow(unused_imports))]
+pub(crate) use std::sync::{atomic, Mutex, MutexGuard};
+
+#[cfg(shuttle)]
+#[cfg_attr(not(feature = "memory"), allow(unused_imports))]
+pub(crate) use shuttle::sync::{atomic, Mutex, MutexGuard};
