@@ -37,33 +37,12 @@ use tokio::sync::Notify;
 use crate::broker::{BrokerError, OutgoingMessage, Publisher};
 use crate::sql::InvalidIdentifier;
 
-/// The rest of a relay batch once `$rows` are taken in `$tx`, for the dialects that bind the
-/// marked rows one placeholder each (MySQL, SQLite): publish and wait for the broker, mark the
-/// rows sent, commit. Evaluates to the number of rows relayed. A macro, not a function: the
-/// transaction and row types differ per database.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-macro_rules! publish_and_mark {
-    ($tx:ident, $rows:expr, $mark:expr, $publisher:expr) => {{
-        let (seqs, messages) = super::decode_batch($rows)?;
-        // The rows stay locked (SQLite: the write lock stays held) across the publish, so
-        // other relays skip them instead of publishing them too.
-        $publisher.publish_confirmed(&messages).await?;
-        let mark = super::with_placeholders($mark, seqs.len());
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(mark));
-        for seq in &seqs {
-            query = query.bind(seq);
-        }
-        query.execute(&mut *$tx).await?;
-        $tx.commit().await?;
-        Ok(messages.len())
-    }};
-}
-
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod relay;
+mod sql_outbox;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -72,6 +51,7 @@ pub use mysql::MySqlOutbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgOutbox;
 pub use relay::{Relay, RelayConfig};
+pub use sql_outbox::{OutboxDatabase, SqlOutbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteOutbox;
 

@@ -1,14 +1,15 @@
-//! The outbox on PostgreSQL.
+//! The outbox on PostgreSQL: its statements and its `LISTEN/NOTIFY` wake-up.
 
 use std::{sync::Arc, time::Duration};
 
-use async_trait::async_trait;
-use sqlx::SqlStr;
-use sqlx::{postgres::PgListener, PgConnection, PgPool};
+use sqlx::{
+    postgres::{PgListener, PgQueryResult},
+    PgPool, Postgres,
+};
 use tokio::sync::Notify;
 
-use super::{count, decode_batch, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
-use crate::broker::Publisher;
+use super::sql_outbox::{sealed::Dialect, Query, SqlOutbox, Statements};
+use super::OutboxError;
 use crate::sql::{self, statement, TableName};
 
 /// The outbox table on PostgreSQL. Clones share the pool.
@@ -25,38 +26,16 @@ use crate::sql::{self, statement, TableName};
 /// tx.commit().await?; // the relay is woken up now; a rollback would publish nothing
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct PgOutbox {
-    pool: PgPool,
-    sql: Arc<Statements>,
-}
+pub type PgOutbox = SqlOutbox<Postgres>;
 
-struct Statements {
-    table: TableName,
-    channel: String,
-    schema: String,
-    enqueue: SqlStr,
-    take: SqlStr,
-    mark: SqlStr,
-    purge: SqlStr,
-    unsent: SqlStr,
-}
-
-impl PgOutbox {
-    /// The outbox in table `tower_outbox`.
-    pub fn new(pool: PgPool) -> Self {
-        Self::with_table(pool, DEFAULT_TABLE).expect("the default table name is valid")
-    }
-
-    /// The outbox in another table (optionally `schema.table`).
-    pub fn with_table(pool: PgPool, table: &str) -> Result<Self, OutboxError> {
-        let table = TableName::new(table)?;
+impl Dialect for Postgres {
+    fn statements(table: TableName) -> Statements {
         let t = table.as_str();
         let unsent_idx = table.derived("unsent_idx");
         let sent_idx = table.derived("sent_idx");
-        let sql = Statements {
-            channel: table.derived("events"),
-            schema: format!(
+        Statements {
+            channel: Some(table.derived("events")),
+            schema: vec![format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
     seq        BIGSERIAL        PRIMARY KEY,
     id         TEXT COLLATE \"C\" NOT NULL UNIQUE,
@@ -68,7 +47,7 @@ impl PgOutbox {
 CREATE INDEX IF NOT EXISTS {unsent_idx} ON {t} (seq) WHERE sent_at IS NULL;
 CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL;
 "
-            ),
+            )],
             // NOTIFY is transactional: it reaches the relays at commit, and never on rollback.
             enqueue: statement(format!(
                 "WITH row AS (INSERT INTO {t} (id, topic, payload) VALUES ($1, $2, $3) RETURNING seq)
@@ -84,97 +63,35 @@ CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL
                      SELECT seq FROM {t} WHERE sent_at < now() - $1 * interval '1 millisecond'
                      LIMIT $2)"
             )),
-            unsent: statement(format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL")),
+            unsent: Statements::unsent(&table),
             table,
-        };
-        Ok(Self {
-            pool,
-            sql: Arc::new(sql),
-        })
-    }
-
-    /// Creates the table and its indexes if they do not exist (safe when several processes
-    /// start at once). Never touches `_sqlx_migrations`.
-    pub async fn migrate(&self) -> Result<(), OutboxError> {
-        sql::migrate_postgres(&self.pool, self.sql.table.as_str(), &self.sql.schema).await?;
-        Ok(())
-    }
-
-    /// The DDL [`migrate`](Self::migrate) runs, for your own migrations.
-    pub fn schema_sql(&self) -> &str {
-        &self.sql.schema
-    }
-
-    /// The `LISTEN` channel relays are woken on: `<table>_events`.
-    pub fn channel(&self) -> &str {
-        &self.sql.channel
-    }
-
-    /// Writes `event` in the caller's transaction (pass `&mut tx` or `&mut *tx`, or any
-    /// connection). It is published only if that transaction commits.
-    pub async fn enqueue(
-        &self,
-        conn: &mut PgConnection,
-        event: &NewEvent,
-    ) -> Result<(), OutboxError> {
-        sqlx::query(self.sql.enqueue.clone())
-            .bind(&event.id)
-            .bind(&event.topic)
-            .bind(&event.payload)
-            .bind(&self.sql.channel)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl OutboxSource for PgOutbox {
-    async fn relay_batch(
-        &self,
-        publisher: &dyn Publisher,
-        limit: u32,
-    ) -> Result<usize, OutboxError> {
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(self.sql.take.clone())
-            .bind(i64::from(limit.max(1)))
-            .fetch_all(&mut *tx)
-            .await?;
-        if rows.is_empty() {
-            return Ok(0);
         }
-        let (seqs, messages) = decode_batch(rows)?;
-        // The row locks are held across the publish: another relay skips these rows instead
-        // of publishing them too. A crash from here to the commit leaves them unsent.
-        publisher.publish_confirmed(&messages).await?;
-        sqlx::query(self.sql.mark.clone())
-            .bind(&seqs)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(messages.len())
     }
 
-    async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
+    fn bind_take(query: Query<Self>, limit: u32) -> Query<Self> {
+        query.bind(i64::from(limit))
+    }
+
+    fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self> {
+        sqlx::query(mark.clone()).bind(seqs)
+    }
+
+    fn bind_purge(query: Query<Self>, older_than: Duration, limit: u32) -> Query<Self> {
         let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let done = sqlx::query(self.sql.purge.clone())
-            .bind(millis as f64)
-            .bind(i64::from(limit.max(1)))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
+        query.bind(millis as f64).bind(i64::from(limit))
     }
 
-    async fn unsent(&self) -> Result<u64, OutboxError> {
-        let n: i64 = sqlx::query_scalar(self.sql.unsent.clone())
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(count(n))
+    fn rows_affected(result: &PgQueryResult) -> u64 {
+        result.rows_affected()
     }
 
-    fn listen(&self, wake: Arc<Notify>) -> Option<tokio::task::JoinHandle<()>> {
-        let pool = self.pool.clone();
-        let channel = self.sql.channel.clone();
+    fn listen(
+        pool: &PgPool,
+        sql: &Statements,
+        wake: Arc<Notify>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let pool = pool.clone();
+        let channel = sql.channel.clone()?;
         Some(tokio::spawn(async move {
             loop {
                 let mut listener = match PgListener::connect_with(&pool).await {
@@ -197,5 +114,27 @@ impl OutboxSource for PgOutbox {
                 }
             }
         }))
+    }
+}
+
+impl PgOutbox {
+    /// Creates the table and its indexes if they do not exist (safe when several processes
+    /// start at once). Never touches `_sqlx_migrations`.
+    pub async fn migrate(&self) -> Result<(), OutboxError> {
+        sql::migrate_postgres(&self.pool, self.sql.table.as_str(), self.schema_sql()).await?;
+        Ok(())
+    }
+
+    /// The DDL [`migrate`](Self::migrate) runs, for your own migrations.
+    pub fn schema_sql(&self) -> &str {
+        &self.sql.schema[0]
+    }
+
+    /// The `LISTEN` channel relays are woken on: `<table>_events`.
+    pub fn channel(&self) -> &str {
+        self.sql
+            .channel
+            .as_deref()
+            .expect("the PostgreSQL statements name a channel")
     }
 }

@@ -1,13 +1,11 @@
-//! The outbox on SQLite.
+//! The outbox on SQLite: its statements.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use async_trait::async_trait;
-use sqlx::SqlStr;
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::{sqlite::SqliteQueryResult, Sqlite};
 
-use super::{count, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
-use crate::broker::Publisher;
+use super::sql_outbox::{mark_each, sealed::Dialect, Query, SqlOutbox, Statements};
+use super::OutboxError;
 use crate::sql::{statement, TableName};
 use crate::store::sqlite::NOW_MS;
 
@@ -17,33 +15,15 @@ use crate::store::sqlite::NOW_MS;
 /// while the broker confirms the batch, so several relays take turns (none publishes a row
 /// another one holds), and producers wait for the lock meanwhile (sqlx's busy timeout, 5 s by
 /// default) — keep batches small. Relays poll. Times are milliseconds of SQLite's clock.
-#[derive(Clone)]
-pub struct SqliteOutbox {
-    pool: SqlitePool,
-    sql: Arc<Statements>,
-}
+pub type SqliteOutbox = SqlOutbox<Sqlite>;
 
-struct Statements {
-    schema: Vec<String>,
-    enqueue: SqlStr,
-    take: SqlStr,
-    mark: String,
-    purge: SqlStr,
-    unsent: SqlStr,
-}
+impl Dialect for Sqlite {
+    const RELAY_BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
 
-impl SqliteOutbox {
-    /// The outbox in table `tower_outbox`.
-    pub fn new(pool: SqlitePool) -> Self {
-        Self::with_table(pool, DEFAULT_TABLE).expect("the default table name is valid")
-    }
-
-    /// The outbox in another table.
-    pub fn with_table(pool: SqlitePool, table: &str) -> Result<Self, OutboxError> {
-        let table = TableName::new(table)?;
+    fn statements(table: TableName) -> Statements {
         let t = table.as_str();
         let index = table.derived("unsent_idx");
-        let sql = Statements {
+        Statements {
             schema: vec![
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (
@@ -60,28 +40,45 @@ impl SqliteOutbox {
             enqueue: statement(format!(
                 "INSERT INTO {t} (id, topic, payload, created_at) VALUES (?1, ?2, ?3, {NOW_MS})"
             )),
+            channel: None,
             take: statement(format!(
                 "SELECT seq, id, topic, payload FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT ?1"
             )),
             // Followed by `(?, ?, ...)`, one placeholder per row.
-            mark: format!("UPDATE {t} SET sent_at = {NOW_MS} WHERE seq IN "),
+            mark: statement(format!("UPDATE {t} SET sent_at = {NOW_MS} WHERE seq IN ")),
             purge: statement(format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t} WHERE sent_at < {NOW_MS} - ?1 LIMIT ?2)"
             )),
-            unsent: statement(format!("SELECT count(*) FROM {t} WHERE sent_at IS NULL")),
-        };
-        Ok(Self {
-            pool,
-            sql: Arc::new(sql),
-        })
+            unsent: Statements::unsent(&table),
+            table,
+        }
     }
 
+    fn bind_take(query: Query<Self>, limit: u32) -> Query<Self> {
+        query.bind(limit)
+    }
+
+    fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self> {
+        mark_each(mark, seqs)
+    }
+
+    fn bind_purge(query: Query<Self>, older_than: Duration, limit: u32) -> Query<Self> {
+        let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        query.bind(millis).bind(limit)
+    }
+
+    fn rows_affected(result: &SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+}
+
+impl SqliteOutbox {
     /// Creates the table and its index if they do not exist.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
         // Separate autocommit statements, as the SQLite store does: each waits for the write
         // lock on its own, and IF NOT EXISTS makes a concurrent repeat a no-op.
-        for statement in &self.sql.schema {
+        for statement in self.schema_sql() {
             sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
                 .execute(&self.pool)
                 .await?;
@@ -92,56 +89,5 @@ impl SqliteOutbox {
     /// The DDL [`migrate`](Self::migrate) runs, one statement per item.
     pub fn schema_sql(&self) -> &[String] {
         &self.sql.schema
-    }
-
-    /// Writes `event` in the caller's transaction; it is published only if that commits.
-    pub async fn enqueue(
-        &self,
-        conn: &mut SqliteConnection,
-        event: &NewEvent,
-    ) -> Result<(), OutboxError> {
-        sqlx::query(self.sql.enqueue.clone())
-            .bind(&event.id)
-            .bind(&event.topic)
-            .bind(&event.payload)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl OutboxSource for SqliteOutbox {
-    async fn relay_batch(
-        &self,
-        publisher: &dyn Publisher,
-        limit: u32,
-    ) -> Result<usize, OutboxError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let rows = sqlx::query(self.sql.take.clone())
-            .bind(limit.max(1))
-            .fetch_all(&mut *tx)
-            .await?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        publish_and_mark!(tx, rows, &self.sql.mark, publisher)
-    }
-
-    async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
-        let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let done = sqlx::query(self.sql.purge.clone())
-            .bind(millis)
-            .bind(limit.max(1))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn unsent(&self) -> Result<u64, OutboxError> {
-        let n: i64 = sqlx::query_scalar(self.sql.unsent.clone())
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(count(n))
     }
 }
