@@ -6,9 +6,9 @@ use sqlx::{
     MySql,
 };
 
-use super::sql_inbox::{sealed::Dialect, SqlInbox, Statements};
+use super::sql_inbox::{sealed::Dialect, SqlInbox};
 use super::InboxError;
-use crate::sql::{self, statement, Query, TableName};
+use crate::sql::{self, Query};
 
 /// InnoDB's "Lock wait timeout exceeded".
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -39,26 +39,27 @@ impl Dialect for MySql {
         1
     }
 
-    fn statements(table: TableName) -> Statements {
-        let t = table.as_str();
-        let index = table.derived("received_at_idx");
-        Statements {
-            schema: vec![format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    fn schema(t: &str, index: &str) -> Vec<String> {
+        vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
     consumer    VARCHAR(191) NOT NULL,
     message_id  VARCHAR(191) NOT NULL,
     received_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     PRIMARY KEY (consumer, message_id),
     INDEX {index} (received_at)
 ) ENGINE = InnoDB"
-            )],
-            claim: statement(format!("INSERT IGNORE INTO {t} (consumer, message_id) VALUES (?, ?)")),
-            purge: statement(format!(
-                "DELETE FROM {t} WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, CURRENT_TIMESTAMP(6))
+        )]
+    }
+
+    fn claim(t: &str) -> String {
+        format!("INSERT IGNORE INTO {t} (consumer, message_id) VALUES (?, ?)")
+    }
+
+    fn purge(t: &str) -> String {
+        format!(
+            "DELETE FROM {t} WHERE received_at < TIMESTAMPADD(MICROSECOND, -?, CURRENT_TIMESTAMP(6))
                  ORDER BY received_at LIMIT ?"
-            )),
-            table,
-        }
+        )
     }
 
     async fn insert<'c>(

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use sqlx::{error::DatabaseError, PgConnection, Postgres};
 
-use super::sql_inbox::{sealed::Dialect, SqlInbox, Statements};
+use super::sql_inbox::{sealed::Dialect, SqlInbox};
 use super::InboxError;
-use crate::sql::{self, statement, Query, TableName};
+use crate::sql::{self, Query};
 
 /// SQLSTATE `lock_not_available`: the lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -35,12 +35,9 @@ impl Dialect for Postgres {
         "100ms".to_owned()
     }
 
-    fn statements(table: TableName) -> Statements {
-        let t = table.as_str();
-        let index = table.derived("received_at_idx");
-        Statements {
-            schema: vec![format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    fn schema(t: &str, index: &str) -> Vec<String> {
+        vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
     consumer    TEXT COLLATE \"C\" NOT NULL,
     message_id  TEXT COLLATE \"C\" NOT NULL,
     received_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
@@ -48,12 +45,15 @@ impl Dialect for Postgres {
 );
 CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
 "
-            )],
-            // One round trip: set the short lock timeout, insert, put the setting back. The
-            // target lists run left to right: `setting` (the FROM) first, then the insert (the
-            // first read of `claimed`), then the restore, so only the insert waits briefly.
-            claim: statement(format!(
-                "WITH setting AS MATERIALIZED (
+        )]
+    }
+
+    // One round trip: set the short lock timeout, insert, put the setting back. The target
+    // lists run left to right: `setting` (the FROM) first, then the insert (the first read of
+    // `claimed`), then the restore, so only the insert waits briefly.
+    fn claim(t: &str) -> String {
+        format!(
+            "WITH setting AS MATERIALIZED (
                      SELECT current_setting('lock_timeout') AS previous,
                             set_config('lock_timeout', $3, true)),
                  claimed AS (
@@ -62,14 +62,15 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
                  SELECT EXISTS (SELECT 1 FROM claimed) AS inserted,
                         set_config('lock_timeout', previous, true)
                  FROM setting"
-            )),
-            purge: statement(format!(
-                "DELETE FROM {t} WHERE ctid IN (
+        )
+    }
+
+    fn purge(t: &str) -> String {
+        format!(
+            "DELETE FROM {t} WHERE ctid IN (
                      SELECT ctid FROM {t} WHERE received_at < now() - $1 * interval '1 millisecond'
                      LIMIT $2)"
-            )),
-            table,
-        }
+        )
     }
 
     async fn insert<'c>(

@@ -5,10 +5,10 @@
 use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use sqlx::{Executor, IntoArguments, Pool, SqlStr};
+use sqlx::{Pool, SqlStr};
 
 use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::sql::TableName;
+use crate::sql::{statement, TableName};
 
 /// The inbox table on one database; use it by its names [`PgInbox`](super::PgInbox),
 /// [`MySqlInbox`](super::MySqlInbox) and [`SqliteInbox`](super::SqliteInbox). Clones share
@@ -31,8 +31,7 @@ pub(crate) mod sealed {
 
     use sqlx::error::DatabaseError;
 
-    use super::Statements;
-    use crate::sql::{OwnTable, Query, TableName};
+    use crate::sql::{OwnTable, Query};
 
     /// What differs between databases: the SQL text, how the claim waits for another copy,
     /// and which error means it waited too long.
@@ -45,8 +44,16 @@ pub(crate) mod sealed {
         /// The wait of a new inbox.
         fn default_wait() -> Self::Wait;
 
-        /// The statements for `table`, rendered once.
-        fn statements(table: TableName) -> Statements;
+        /// The DDL for table `t` and its index `index`, one item per statement `migrate`
+        /// sends (PostgreSQL and MySQL have one).
+        fn schema(t: &str, index: &str) -> Vec<String>;
+
+        /// The claim on `t`: inserts `consumer, message_id` unless the pair is there.
+        fn claim(t: &str) -> String;
+
+        /// The purge of `t`: deletes ids older than an age, at most a limit of them
+        /// (run by `OwnTable::run_purge`).
+        fn purge(t: &str) -> String;
 
         /// Runs `claim` (`consumer, message_id` bound) on `conn` under `wait`: whether it
         /// inserted the id (`false`: a committed copy has it).
@@ -61,9 +68,8 @@ pub(crate) mod sealed {
     }
 }
 
-/// The statements of one inbox table, rendered by its database's [`sealed::Dialect`].
-// `pub` in a private module, as the sealed trait needs, yet unnameable outside the crate.
-pub struct Statements {
+/// The statements of one inbox table, rendered once by its database's [`sealed::Dialect`].
+pub(super) struct Statements {
     /// The table; PostgreSQL's `migrate` takes its advisory lock on the name.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) table: TableName,
@@ -72,8 +78,19 @@ pub struct Statements {
     /// Inserts `consumer, message_id` unless the pair is there; how it is bound and run is
     /// the dialect's `insert`.
     pub(crate) claim: SqlStr,
-    /// Deletes ids older than an age, at most a limit of them (`OwnTable::bind_age_limit`).
     pub(crate) purge: SqlStr,
+}
+
+impl Statements {
+    fn render<DB: InboxDatabase>(table: TableName) -> Self {
+        let t = table.as_str();
+        Self {
+            schema: DB::schema(t, &table.derived("received_at_idx")),
+            claim: statement(DB::claim(t)),
+            purge: statement(DB::purge(t)),
+            table,
+        }
+    }
 }
 
 impl<DB: InboxDatabase> Clone for SqlInbox<DB> {
@@ -96,7 +113,7 @@ impl<DB: InboxDatabase> SqlInbox<DB> {
     /// The inbox in another table (optionally qualified: `schema.table` on PostgreSQL,
     /// `database.table` on MySQL).
     pub fn with_table(pool: Pool<DB>, table: &str) -> Result<Self, InboxError> {
-        let sql = DB::statements(TableName::new(table)?);
+        let sql = Statements::render::<DB>(TableName::new(table)?);
         Ok(Self {
             pool,
             sql: Arc::new(sql),
@@ -109,8 +126,6 @@ impl<DB: InboxDatabase> SqlInbox<DB> {
 impl<DB> InboxStore for SqlInbox<DB>
 where
     DB: InboxDatabase,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
     for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
     type Database = DB;
@@ -140,9 +155,6 @@ where
 
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
         let query = sqlx::query(self.sql.purge.clone());
-        let done = DB::bind_age_limit(query, retention, limit.max(1))
-            .execute(&self.pool)
-            .await?;
-        Ok(DB::rows_affected(&done))
+        Ok(DB::run_purge(&self.pool, query, retention, limit.max(1)).await?)
     }
 }

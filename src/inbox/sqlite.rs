@@ -2,9 +2,9 @@
 
 use sqlx::{error::DatabaseError, Sqlite, SqliteConnection};
 
-use super::sql_inbox::{sealed::Dialect, SqlInbox, Statements};
+use super::sql_inbox::{sealed::Dialect, SqlInbox};
 use super::InboxError;
-use crate::sql::{self, statement, Query, TableName};
+use crate::sql::{self, Query};
 use crate::store::sqlite::NOW_MS;
 
 /// SQLITE_BUSY and its extended codes (RECOVERY, SNAPSHOT, TIMEOUT).
@@ -25,30 +25,31 @@ impl Dialect for Sqlite {
 
     fn default_wait() {}
 
-    fn statements(table: TableName) -> Statements {
-        let t = table.as_str();
-        let index = table.derived("received_at_idx");
-        Statements {
-            schema: vec![
-                format!(
-                    "CREATE TABLE IF NOT EXISTS {t} (
+    fn schema(t: &str, index: &str) -> Vec<String> {
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
     consumer    TEXT    NOT NULL,
     message_id  TEXT    NOT NULL,
     received_at INTEGER NOT NULL,
     PRIMARY KEY (consumer, message_id)
 )"
-                ),
-                format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at)"),
-            ],
-            claim: statement(format!(
-                "INSERT OR IGNORE INTO {t} (consumer, message_id, received_at) VALUES (?1, ?2, {NOW_MS})"
-            )),
-            purge: statement(format!(
-                "DELETE FROM {t} WHERE rowid IN (
+            ),
+            format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at)"),
+        ]
+    }
+
+    fn claim(t: &str) -> String {
+        format!(
+            "INSERT OR IGNORE INTO {t} (consumer, message_id, received_at) VALUES (?1, ?2, {NOW_MS})"
+        )
+    }
+
+    fn purge(t: &str) -> String {
+        format!(
+            "DELETE FROM {t} WHERE rowid IN (
                      SELECT rowid FROM {t} WHERE received_at < {NOW_MS} - ?1 LIMIT ?2)"
-            )),
-            table,
-        }
+        )
     }
 
     async fn insert<'c>(

@@ -197,13 +197,8 @@ where
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
-        let query = DB::bind_age_limit(
-            sqlx::query(self.sql.purge.clone()),
-            older_than,
-            limit.max(1),
-        );
-        let done = query.execute(&self.pool).await?;
-        Ok(DB::rows_affected(&done))
+        let query = sqlx::query(self.sql.purge.clone());
+        Ok(DB::run_purge(&self.pool, query, older_than, limit.max(1)).await?)
     }
 
     async fn unsent(&self) -> Result<u64, OutboxError> {

@@ -2,7 +2,7 @@
 //! on each database: count changed rows, bind a purge's age and row limit, and run a schema
 //! of several statements.
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use sqlx::Database;
 
@@ -12,52 +12,59 @@ pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Ar
 /// The per-database half of the outbox's and the inbox's dialects. Implemented by this crate
 /// only (`pub` in a private module, as the sealed dialects that extend it need).
 pub trait OwnTable: Database {
-    /// How many rows a statement changed (sqlx has no trait for it).
-    fn rows_affected(result: &Self::QueryResult) -> u64;
-
-    /// Binds the age and the row limit to a `purge` statement, in the unit its `now - ?`
-    /// counts in: PostgreSQL milliseconds (a float, times an interval), MySQL microseconds
-    /// (`TIMESTAMPADD`), SQLite milliseconds (this crate's clock column).
-    fn bind_age_limit(query: Query<Self>, age: Duration, limit: u32) -> Query<Self>;
+    /// Runs a `purge` statement on `pool` with its age and row limit bound: how many rows it
+    /// deleted. The age is in the unit the statement's `now - ?` counts in: PostgreSQL
+    /// milliseconds (a float, times an interval), MySQL microseconds (`TIMESTAMPADD`), SQLite
+    /// milliseconds (this crate's clock columns).
+    fn run_purge(
+        pool: &sqlx::Pool<Self>,
+        query: Query<Self>,
+        age: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }
 
-/// The part of [`OwnTable`] that is the same text on every database.
-macro_rules! rows_affected {
-    () => {
-        fn rows_affected(result: &Self::QueryResult) -> u64 {
-            result.rows_affected()
+/// Implements [`OwnTable`] for a database; `$bind` turns the age and the limit into the values
+/// its purge statements bind.
+macro_rules! own_table {
+    ($feature:literal, $db:ty, |$age:ident, $limit:ident| $bind:expr) => {
+        #[cfg(feature = $feature)]
+        impl OwnTable for $db {
+            async fn run_purge(
+                pool: &sqlx::Pool<Self>,
+                query: Query<Self>,
+                $age: Duration,
+                $limit: u32,
+            ) -> Result<u64, sqlx::Error> {
+                let (age, limit) = $bind;
+                let done = query.bind(age).bind(limit).execute(pool).await?;
+                Ok(done.rows_affected())
+            }
         }
     };
 }
 
-#[cfg(feature = "postgres")]
-impl OwnTable for sqlx::Postgres {
-    rows_affected!();
+own_table!("postgres", sqlx::Postgres, |age, limit| (
+    clamp(age.as_millis()) as f64,
+    i64::from(limit)
+));
+own_table!("mysql", sqlx::MySql, |age, limit| (
+    clamp(age.as_micros()),
+    limit
+));
+own_table!("sqlite", sqlx::Sqlite, |age, limit| (
+    clamp(age.as_millis()),
+    limit
+));
 
-    fn bind_age_limit(query: Query<Self>, age: Duration, limit: u32) -> Query<Self> {
-        let millis = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-        query.bind(millis as f64).bind(i64::from(limit))
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl OwnTable for sqlx::MySql {
-    rows_affected!();
-
-    fn bind_age_limit(query: Query<Self>, age: Duration, limit: u32) -> Query<Self> {
-        let micros = i64::try_from(age.as_micros()).unwrap_or(i64::MAX);
-        query.bind(micros).bind(limit)
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl OwnTable for sqlx::Sqlite {
-    rows_affected!();
-
-    fn bind_age_limit(query: Query<Self>, age: Duration, limit: u32) -> Query<Self> {
-        let millis = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-        query.bind(millis).bind(limit)
-    }
+/// An age in the statement's unit; ages beyond `i64` (292 000 years in microseconds) mean
+/// "everything".
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+fn clamp(n: u128) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Runs `schema` one autocommit statement after another (MySQL's one, SQLite's table and
