@@ -78,6 +78,7 @@ pub(super) struct Statements {
     /// Inserts `consumer, message_id` unless the pair is there; how it is bound and run is
     /// the dialect's `insert`.
     pub(crate) claim: SqlStr,
+    /// Deletes ids older than an age, at most a limit of them.
     pub(crate) purge: SqlStr,
 }
 

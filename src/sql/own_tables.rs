@@ -1,6 +1,6 @@
 //! What the crate's own tables beside the stores (the outbox and the inbox) do the same way
-//! on each database: count changed rows, bind a purge's age and row limit, and run a schema
-//! of several statements.
+//! on each database: run a purge with its age and row limit bound, and run a schema of
+//! several statements.
 
 use std::{future::Future, time::Duration};
 
