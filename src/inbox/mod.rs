@@ -33,6 +33,7 @@ mod consumer;
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod sql_inbox;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -41,6 +42,7 @@ pub use consumer::{Consumer, ConsumerConfig, Handler, HandlerError, Message, Out
 pub use mysql::MySqlInbox;
 #[cfg(feature = "postgres")]
 pub use postgres::PgInbox;
+pub use sql_inbox::{InboxDatabase, SqlInbox};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;
 

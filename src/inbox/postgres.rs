@@ -1,13 +1,12 @@
-//! The inbox on PostgreSQL.
+//! The inbox on PostgreSQL: its statements and its `lock_timeout` claim.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use async_trait::async_trait;
-use sqlx::SqlStr;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{error::DatabaseError, PgConnection, Postgres};
 
-use super::{InboxClaim, InboxError, InboxStore, DEFAULT_TABLE};
-use crate::sql::{self, statement, TableName};
+use super::sql_inbox::{sealed::Dialect, SqlInbox};
+use super::InboxError;
+use crate::sql::{self, Query};
 
 /// SQLSTATE `lock_not_available`: the lock timeout passed.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -26,34 +25,19 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// The id columns compare bytewise (`COLLATE "C"`), as message ids are opaque: the primary
 /// key's order then never depends on the operating system's language rules, which can
 /// change under an index across upgrades. A table made by an earlier version works the same.
-#[derive(Clone)]
-pub struct PgInbox {
-    pool: PgPool,
-    lock_timeout: String,
-    sql: Arc<Statements>,
-}
+pub type PgInbox = SqlInbox<Postgres>;
 
-struct Statements {
-    table: TableName,
-    schema: String,
-    claim: SqlStr,
-    purge: SqlStr,
-}
+impl Dialect for Postgres {
+    /// The `lock_timeout` setting for the claim, e.g. `100ms`.
+    type Wait = String;
 
-impl PgInbox {
-    /// The inbox in table `tower_inbox`, with a 100 ms lock timeout for claims.
-    pub fn new(pool: PgPool) -> Self {
-        Self::with_table(pool, DEFAULT_TABLE).expect("the default table name is valid")
+    fn default_wait() -> String {
+        "100ms".to_owned()
     }
 
-    /// The inbox in another table (optionally `schema.table`).
-    pub fn with_table(pool: PgPool, table: &str) -> Result<Self, InboxError> {
-        let table = TableName::new(table)?;
-        let t = table.as_str();
-        let index = table.derived("received_at_idx");
-        let sql = Statements {
-            schema: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
+    fn schema(t: &str, index: &str) -> Vec<String> {
+        vec![format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
     consumer    TEXT COLLATE \"C\" NOT NULL,
     message_id  TEXT COLLATE \"C\" NOT NULL,
     received_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
@@ -61,12 +45,15 @@ impl PgInbox {
 );
 CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
 "
-            ),
-            // One round trip: set the short lock timeout, insert, put the setting back. The
-            // target lists run left to right: `setting` (the FROM) first, then the insert (the
-            // first read of `claimed`), then the restore, so only the insert waits briefly.
-            claim: statement(format!(
-                "WITH setting AS MATERIALIZED (
+        )]
+    }
+
+    // One round trip: set the short lock timeout, insert, put the setting back. The target
+    // lists run left to right: `setting` (the FROM) first, then the insert (the first read of
+    // `claimed`), then the restore, so only the insert waits briefly.
+    fn claim(t: &str) -> String {
+        format!(
+            "WITH setting AS MATERIALIZED (
                      SELECT current_setting('lock_timeout') AS previous,
                             set_config('lock_timeout', $3, true)),
                  claimed AS (
@@ -75,84 +62,47 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
                  SELECT EXISTS (SELECT 1 FROM claimed) AS inserted,
                         set_config('lock_timeout', previous, true)
                  FROM setting"
-            )),
-            purge: statement(format!(
-                "DELETE FROM {t} WHERE ctid IN (
-                     SELECT ctid FROM {t} WHERE received_at < now() - $1 * interval '1 millisecond'
-                     LIMIT $2)"
-            )),
-            table,
-        };
-        Ok(Self {
-            pool,
-            lock_timeout: "100ms".to_owned(),
-            sql: Arc::new(sql),
-        })
+        )
     }
 
+    fn purge(t: &str) -> String {
+        format!(
+            "DELETE FROM {t} WHERE ctid IN (
+                     SELECT ctid FROM {t} WHERE received_at < now() - $1 * interval '1 millisecond'
+                     LIMIT $2)"
+        )
+    }
+
+    async fn insert<'c>(
+        conn: &'c mut PgConnection,
+        claim: Query<Self>,
+        lock_timeout: &'c String,
+    ) -> Result<bool, sqlx::Error> {
+        let row = claim.bind(lock_timeout).fetch_one(conn).await?;
+        sqlx::Row::try_get(&row, 0)
+    }
+
+    fn busy(error: &(dyn DatabaseError + 'static)) -> bool {
+        error.code().as_deref() == Some(LOCK_NOT_AVAILABLE)
+    }
+}
+
+impl PgInbox {
     /// How long a claim waits for another copy's transaction before answering
-    /// [`InboxClaim::Busy`] (default 100 ms; at least 1 ms).
+    /// [`InboxClaim::Busy`](super::InboxClaim::Busy) (default 100 ms; at least 1 ms).
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = format!("{}ms", timeout.as_millis().max(1));
+        self.wait = format!("{}ms", timeout.as_millis().max(1));
         self
     }
 
     /// Creates the table if it does not exist (safe when several processes start at once).
     pub async fn migrate(&self) -> Result<(), InboxError> {
-        sql::migrate_postgres(&self.pool, self.sql.table.as_str(), &self.sql.schema).await?;
+        sql::migrate_postgres(&self.pool, self.sql.table.as_str(), self.schema_sql()).await?;
         Ok(())
     }
 
     /// The DDL [`migrate`](Self::migrate) runs, for your own migrations.
     pub fn schema_sql(&self) -> &str {
-        &self.sql.schema
-    }
-}
-
-#[async_trait]
-impl InboxStore for PgInbox {
-    type Database = Postgres;
-
-    fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    async fn claim(
-        &self,
-        conn: &mut PgConnection,
-        consumer: &str,
-        message_id: &str,
-    ) -> Result<InboxClaim, InboxError> {
-        let inserted: bool = match sqlx::query_scalar(self.sql.claim.clone())
-            .bind(consumer)
-            .bind(message_id)
-            .bind(&self.lock_timeout)
-            .fetch_one(&mut *conn)
-            .await
-        {
-            Ok(inserted) => inserted,
-            // The whole statement failed, the restore with it; the transaction is aborted.
-            Err(sqlx::Error::Database(error))
-                if error.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
-            {
-                return Ok(InboxClaim::Busy)
-            }
-            Err(error) => return Err(error.into()),
-        };
-        Ok(if inserted {
-            InboxClaim::New
-        } else {
-            InboxClaim::Duplicate
-        })
-    }
-
-    async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
-        let millis = retention.as_millis() as f64;
-        let done = sqlx::query(self.sql.purge.clone())
-            .bind(millis)
-            .bind(i64::from(limit.max(1)))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
+        &self.sql.schema[0]
     }
 }

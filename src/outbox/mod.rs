@@ -165,7 +165,6 @@ where
 }
 
 /// `<prefix>(?, ?, ...)` with one placeholder per row, for the dialects without arrays.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
 fn with_placeholders(prefix: &str, n: usize) -> String {
     format!("{prefix}({})", vec!["?"; n].join(", "))
 }

@@ -1,12 +1,10 @@
 //! The outbox on MySQL 8 / MariaDB 10.6+ (both have `FOR UPDATE SKIP LOCKED`): its statements.
 
-use std::time::Duration;
+use sqlx::MySql;
 
-use sqlx::{mysql::MySqlQueryResult, MySql};
-
-use super::sql_outbox::{mark_each, sealed::Dialect, Query, SqlOutbox, Statements};
+use super::sql_outbox::{sealed::Dialect, SqlOutbox, Statements};
 use super::OutboxError;
-use crate::sql::{statement, TableName};
+use crate::sql::{self, statement, TableName};
 
 /// The outbox table on MySQL or MariaDB. Clones share the pool. Relays poll (MySQL has no
 /// `LISTEN`); set [`RelayConfig::poll_interval`](super::RelayConfig::poll_interval) to the
@@ -67,31 +65,12 @@ impl Dialect for MySql {
             table,
         }
     }
-
-    fn bind_take(query: Query<Self>, limit: u32) -> Query<Self> {
-        query.bind(limit)
-    }
-
-    fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self> {
-        mark_each(mark, seqs)
-    }
-
-    fn bind_purge(query: Query<Self>, older_than: Duration, limit: u32) -> Query<Self> {
-        let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        query.bind(micros).bind(limit)
-    }
-
-    fn rows_affected(result: &MySqlQueryResult) -> u64 {
-        result.rows_affected()
-    }
 }
 
 impl MySqlOutbox {
     /// Creates the table if it does not exist. Never touches `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        sqlx::query(sqlx::AssertSqlSafe(self.schema_sql()))
-            .execute(&self.pool)
-            .await?;
+        sql::execute_each(&self.pool, &self.sql.schema).await?;
         Ok(())
     }
 

@@ -2,15 +2,12 @@
 
 use std::{sync::Arc, time::Duration};
 
-use sqlx::{
-    postgres::{PgListener, PgQueryResult},
-    PgPool, Postgres,
-};
+use sqlx::{postgres::PgListener, PgPool, Postgres};
 use tokio::sync::Notify;
 
-use super::sql_outbox::{sealed::Dialect, Query, SqlOutbox, Statements};
+use super::sql_outbox::{sealed::Dialect, SqlOutbox, Statements};
 use super::OutboxError;
-use crate::sql::{self, statement, TableName};
+use crate::sql::{self, statement, Query, TableName};
 
 /// The outbox table on PostgreSQL. Clones share the pool.
 ///
@@ -68,21 +65,8 @@ CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL
         }
     }
 
-    fn bind_take(query: Query<Self>, limit: u32) -> Query<Self> {
-        query.bind(i64::from(limit))
-    }
-
     fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self> {
         sqlx::query(mark.clone()).bind(seqs)
-    }
-
-    fn bind_purge(query: Query<Self>, older_than: Duration, limit: u32) -> Query<Self> {
-        let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        query.bind(millis as f64).bind(i64::from(limit))
-    }
-
-    fn rows_affected(result: &PgQueryResult) -> u64 {
-        result.rows_affected()
     }
 
     fn listen(

@@ -9,7 +9,7 @@ use sqlx::{Database, Executor, IntoArguments, Pool, SqlStr};
 
 use super::{count, decode_batch, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::sql::{statement, TableName};
+use crate::sql::{statement, Query, TableName};
 
 /// The outbox table on one database; use it by its names [`PgOutbox`](super::PgOutbox),
 /// [`MySqlOutbox`](super::MySqlOutbox) and [`SqliteOutbox`](super::SqliteOutbox). Clones
@@ -26,16 +26,16 @@ pub trait OutboxDatabase: sealed::Dialect {}
 impl<DB: sealed::Dialect> OutboxDatabase for DB {}
 
 pub(crate) mod sealed {
-    use std::{sync::Arc, time::Duration};
+    use std::sync::Arc;
 
     use tokio::sync::Notify;
 
-    use super::{Query, Statements};
-    use crate::sql::TableName;
+    use super::{mark_each, Statements};
+    use crate::sql::{OwnTable, Query, TableName};
 
     /// What differs between databases: the SQL text, how parameters are bound, how a relay's
-    /// transaction starts, and the wake-up.
-    pub trait Dialect: sqlx::Database {
+    /// transaction starts, and the wake-up. The defaults are MySQL's and SQLite's.
+    pub trait Dialect: OwnTable {
         /// Sent on the relay's connection before its transaction begins.
         const RELAY_SETUP: Option<&'static str> = None;
         /// The statement that begins the relay's transaction; `None`: sqlx's `BEGIN`.
@@ -45,16 +45,21 @@ pub(crate) mod sealed {
         fn statements(table: TableName) -> Statements;
 
         /// Binds the batch size to the `take` statement.
-        fn bind_take(query: Query<Self>, limit: u32) -> Query<Self>;
+        fn bind_take(query: Query<Self>, limit: u32) -> Query<Self>
+        where
+            i64: sqlx::Encode<'static, Self> + sqlx::Type<Self>,
+        {
+            query.bind(i64::from(limit))
+        }
 
-        /// The `mark` statement with `seqs` bound.
-        fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self>;
-
-        /// Binds the age and the row limit to the `purge` statement.
-        fn bind_purge(query: Query<Self>, older_than: Duration, limit: u32) -> Query<Self>;
-
-        /// How many rows a statement changed.
-        fn rows_affected(result: &Self::QueryResult) -> u64;
+        /// The `mark` statement with `seqs` bound: by default `<mark>(?, ?, ...)`, one
+        /// placeholder per row (no arrays).
+        fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self>
+        where
+            i64: sqlx::Encode<'static, Self> + sqlx::Type<Self>,
+        {
+            mark_each(mark, seqs)
+        }
 
         /// Wakes `wake` on every commit that enqueued events, where the database can tell.
         fn listen(
@@ -67,9 +72,6 @@ pub(crate) mod sealed {
         }
     }
 }
-
-/// A statement with its parameters, bound as the dialect writes them.
-pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Arguments>;
 
 /// The statements of one outbox table, rendered by its database's [`sealed::Dialect`].
 // `pub` in a private module, as the sealed trait needs, yet unnameable outside the crate.
@@ -159,6 +161,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'static, DB>,
     for<'r> String: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     for<'r> Vec<u8>: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     for<'c> &'c str: sqlx::ColumnIndex<DB::Row>,
@@ -194,13 +197,8 @@ where
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
-        let query = DB::bind_purge(
-            sqlx::query(self.sql.purge.clone()),
-            older_than,
-            limit.max(1),
-        );
-        let done = query.execute(&self.pool).await?;
-        Ok(DB::rows_affected(&done))
+        let query = sqlx::query(self.sql.purge.clone());
+        Ok(DB::run_purge(&self.pool, query, older_than, limit.max(1)).await?)
     }
 
     async fn unsent(&self) -> Result<u64, OutboxError> {
@@ -217,8 +215,7 @@ where
 
 /// The `mark` of the dialects without arrays (MySQL, SQLite): `<prefix>(?, ?, ...)`, one
 /// placeholder per row, each bound to its sequence number.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-pub(crate) fn mark_each<DB>(prefix: &SqlStr, seqs: Vec<i64>) -> Query<DB>
+fn mark_each<DB>(prefix: &SqlStr, seqs: Vec<i64>) -> Query<DB>
 where
     DB: Database,
     i64: sqlx::Encode<'static, DB> + sqlx::Type<DB>,

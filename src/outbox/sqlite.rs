@@ -1,12 +1,10 @@
 //! The outbox on SQLite: its statements.
 
-use std::time::Duration;
+use sqlx::Sqlite;
 
-use sqlx::{sqlite::SqliteQueryResult, Sqlite};
-
-use super::sql_outbox::{mark_each, sealed::Dialect, Query, SqlOutbox, Statements};
+use super::sql_outbox::{sealed::Dialect, SqlOutbox, Statements};
 use super::OutboxError;
-use crate::sql::{statement, TableName};
+use crate::sql::{self, statement, TableName};
 use crate::store::sqlite::NOW_MS;
 
 /// The outbox table on SQLite. Clones share the pool.
@@ -54,35 +52,12 @@ impl Dialect for Sqlite {
             table,
         }
     }
-
-    fn bind_take(query: Query<Self>, limit: u32) -> Query<Self> {
-        query.bind(limit)
-    }
-
-    fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self> {
-        mark_each(mark, seqs)
-    }
-
-    fn bind_purge(query: Query<Self>, older_than: Duration, limit: u32) -> Query<Self> {
-        let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        query.bind(millis).bind(limit)
-    }
-
-    fn rows_affected(result: &SqliteQueryResult) -> u64 {
-        result.rows_affected()
-    }
 }
 
 impl SqliteOutbox {
     /// Creates the table and its index if they do not exist.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        // Separate autocommit statements, as the SQLite store does: each waits for the write
-        // lock on its own, and IF NOT EXISTS makes a concurrent repeat a no-op.
-        for statement in self.schema_sql() {
-            sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-                .execute(&self.pool)
-                .await?;
-        }
+        sql::execute_each(&self.pool, self.schema_sql()).await?;
         Ok(())
     }
 

@@ -3,8 +3,10 @@
 
 mod column;
 mod identifier;
+mod own_tables;
 mod plumbing;
 
 pub use column::ColumnName;
 pub use identifier::{InvalidIdentifier, TableName};
+pub(crate) use own_tables::*;
 pub(crate) use plumbing::*;

@@ -1,0 +1,90 @@
+//! What the crate's own tables beside the stores (the outbox and the inbox) do the same way
+//! on each database: run a purge with its age and row limit bound, and run a schema of
+//! several statements.
+
+use std::{future::Future, time::Duration};
+
+use sqlx::Database;
+
+/// A statement with its parameters, bound as the dialect writes them.
+pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Arguments>;
+
+/// The per-database half of the outbox's and the inbox's dialects. Implemented by this crate
+/// only (`pub` in a private module, as the sealed dialects that extend it need).
+pub trait OwnTable: Database {
+    /// Runs a `purge` statement on `pool` with its age and row limit bound: how many rows it
+    /// deleted. The age is in the unit the statement's `now - ?` counts in: PostgreSQL
+    /// milliseconds (a float, times an interval), MySQL microseconds (`TIMESTAMPADD`), SQLite
+    /// milliseconds (this crate's clock columns).
+    fn run_purge(
+        pool: &sqlx::Pool<Self>,
+        query: Query<Self>,
+        age: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+}
+
+/// Implements [`OwnTable`] for a database; `$bind` turns the age and the limit into the values
+/// its purge statements bind.
+macro_rules! own_table {
+    ($feature:literal, $db:ty, |$age:ident, $limit:ident| $bind:expr) => {
+        #[cfg(feature = $feature)]
+        impl OwnTable for $db {
+            async fn run_purge(
+                pool: &sqlx::Pool<Self>,
+                query: Query<Self>,
+                $age: Duration,
+                $limit: u32,
+            ) -> Result<u64, sqlx::Error> {
+                let (age, limit) = $bind;
+                let done = query.bind(age).bind(limit).execute(pool).await?;
+                Ok(done.rows_affected())
+            }
+        }
+    };
+}
+
+own_table!("postgres", sqlx::Postgres, |age, limit| (
+    clamp(age.as_millis()) as f64,
+    i64::from(limit)
+));
+own_table!("mysql", sqlx::MySql, |age, limit| (
+    clamp(age.as_micros()),
+    limit
+));
+own_table!("sqlite", sqlx::Sqlite, |age, limit| (
+    clamp(age.as_millis()),
+    limit
+));
+
+/// An age in the statement's unit; ages beyond `i64` (292 000 years in microseconds) mean
+/// "everything".
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+fn clamp(n: u128) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Runs `schema` one autocommit statement after another (MySQL's one, SQLite's table and
+/// index): on SQLite each waits for the write lock on its own, and `IF NOT EXISTS` makes a
+/// concurrent repeat a no-op.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn execute_each<DB>(
+    pool: &sqlx::Pool<DB>,
+    schema: &[String],
+) -> Result<(), sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    use sqlx::Executor;
+    for statement in schema {
+        // `Executor::execute` returns a boxed `Send` future, so `migrate` stays spawnable.
+        pool.execute(sqlx::query(sqlx::AssertSqlSafe(statement.as_str())))
+            .await?;
+    }
+    Ok(())
+}
