@@ -6,11 +6,8 @@
 //! structures that import from here are switched: tokio's `Notify` and `watch` cannot be
 //! scheduled by shuttle, and anything still using `std::sync` directly is not explored.
 
-// The locks serve the memory store only; without it just the atomics are used.
 #[cfg(not(shuttle))]
-#[cfg_attr(not(feature = "memory"), allow(unused_imports))]
 pub(crate) use std::sync::{atomic, Mutex, MutexGuard};
 
 #[cfg(shuttle)]
-#[cfg_attr(not(feature = "memory"), allow(unused_imports))]
 pub(crate) use shuttle::sync::{atomic, Mutex, MutexGuard};
