@@ -1,0 +1,152 @@
+//! Shuttle schedules of the renewal registry (`scripts/shuttle`): claims registering and
+//! stopping while the renewer hands the due ones out and decides to end. The registry's lock
+//! is shuttle's here; tokio's tasks and `Notify` are not (shuttle cannot schedule them), so
+//! the renewer is a shuttle thread making one look, and each task a [`Fake`] that records
+//! whether it was aborted. Every claim is due already, so one look hands out all there are.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use shuttle::{
+    check_pct, check_random,
+    sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+    thread::{self, JoinHandle},
+};
+use tokio::time::Instant;
+
+use super::registry::{Registry, Task};
+
+/// Random and PCT schedules per test, and the bug depth PCT targets.
+const RANDOM: usize = 2_000;
+const PCT: usize = 2_000;
+const PCT_DEPTH: usize = 3;
+
+fn both(test: impl Fn() + Send + Sync + Clone + 'static) {
+    check_random(test.clone(), RANDOM);
+    check_pct(test, PCT, PCT_DEPTH);
+}
+
+/// A task as the registry sees it.
+#[derive(Clone, Default)]
+struct Fake {
+    finished: Arc<AtomicBool>,
+    aborted: Arc<AtomicBool>,
+}
+
+impl Task for Fake {
+    fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The registry, the renewers it started (to join at the end) and the renewing tasks they
+/// started (to check at the end).
+#[derive(Clone)]
+struct World {
+    registry: Arc<Registry<(), Fake>>,
+    renewers: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    renewing: Arc<Mutex<Vec<Fake>>>,
+    renewers_started: Arc<AtomicUsize>,
+    due: Instant,
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            registry: Arc::default(),
+            renewers: Arc::default(),
+            renewing: Arc::default(),
+            renewers_started: Arc::default(),
+            due: Instant::now(),
+        }
+    }
+
+    /// Registers a claim (due already); a renewer it starts makes one look and ends if that
+    /// look left nothing to watch, as the real one does.
+    fn register(&self) -> u64 {
+        let spawn_renewer = || {
+            self.renewers_started.fetch_add(1, Ordering::SeqCst);
+            let renewer = Fake::default();
+            let world = self.clone();
+            let finished = renewer.finished.clone();
+            let thread = thread::spawn(move || {
+                let now = world.due + Duration::from_secs(1);
+                let next = world.registry.hand_out_due(now, |()| {
+                    let task = Fake::default();
+                    world.renewing.lock().unwrap().push(task.clone());
+                    task
+                });
+                assert_eq!(next, None, "every claim was due");
+                finished.store(true, Ordering::SeqCst);
+            });
+            self.renewers.lock().unwrap().push(thread);
+            renewer
+        };
+        self.registry.register(self.due, (), spawn_renewer).id
+    }
+
+    /// Joins every renewer started (all claims are registered by now).
+    fn join_renewers(&self) {
+        let renewers = std::mem::take(&mut *self.renewers.lock().unwrap());
+        for renewer in renewers {
+            renewer.join().unwrap();
+        }
+    }
+}
+
+/// Two claims register while the renewer started by the first may be deciding to end: once
+/// every renewer is done, no claim still waits for its first renewal (each was handed a
+/// renewing task), and no more than one renewer ran per claim.
+#[test]
+fn shuttle_tests_no_claim_is_left_without_a_renewer() {
+    both(|| {
+        let world = World::new();
+        let claims: Vec<_> = (0..2)
+            .map(|_| {
+                let world = world.clone();
+                thread::spawn(move || world.register())
+            })
+            .collect();
+        for claim in claims {
+            claim.join().unwrap();
+        }
+        world.join_renewers();
+        assert_eq!(world.registry.filed(), (0, 2), "(waiting, renewing)");
+        assert!(world.renewers_started.load(Ordering::SeqCst) <= 2);
+    });
+}
+
+/// Two claims register and stop while the renewer hands them out: afterwards nothing is
+/// filed, and every renewing task the renewer started for them was aborted.
+#[test]
+fn shuttle_tests_a_stopped_claim_leaves_no_renewing_task() {
+    both(|| {
+        let world = World::new();
+        let claims: Vec<_> = (0..2)
+            .map(|_| {
+                let world = world.clone();
+                thread::spawn(move || {
+                    let id = world.register();
+                    world.registry.stop(world.due, id);
+                })
+            })
+            .collect();
+        for claim in claims {
+            claim.join().unwrap();
+        }
+        world.join_renewers();
+        assert_eq!(world.registry.filed(), (0, 0), "(waiting, renewing)");
+        for task in world.renewing.lock().unwrap().iter() {
+            assert!(
+                task.aborted.load(Ordering::SeqCst),
+                "a stopped claim's task runs on"
+            );
+        }
+    });
+}
