@@ -11,3 +11,12 @@ pub(crate) use std::sync::{atomic, Mutex, MutexGuard};
 
 #[cfg(shuttle)]
 pub(crate) use shuttle::sync::{atomic, Mutex, MutexGuard};
+
+/// Runs a shuttle test under 2,000 random schedules, then 2,000 PCT schedules aimed at bugs
+/// needing up to 3 preemptions at chosen points: with every test so checked, `scripts/shuttle`
+/// stays within seconds of schedules.
+#[cfg(all(test, shuttle))]
+pub(crate) fn explore(test: impl Fn() + Send + Sync + Clone + 'static) {
+    shuttle::check_random(test.clone(), 2_000);
+    shuttle::check_pct(test, 2_000, 3);
+}

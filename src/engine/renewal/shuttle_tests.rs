@@ -10,23 +10,13 @@ use std::{
 };
 
 use shuttle::{
-    check_pct, check_random,
     sync::atomic::{AtomicBool, AtomicUsize, Ordering},
     thread::{self, JoinHandle},
 };
 use tokio::time::Instant;
 
 use super::registry::{Registry, Task};
-
-/// Random and PCT schedules per test, and the bug depth PCT targets.
-const RANDOM: usize = 2_000;
-const PCT: usize = 2_000;
-const PCT_DEPTH: usize = 3;
-
-fn both(test: impl Fn() + Send + Sync + Clone + 'static) {
-    check_random(test.clone(), RANDOM);
-    check_pct(test, PCT, PCT_DEPTH);
-}
+use crate::sync::explore;
 
 /// A task as the registry sees it.
 #[derive(Clone, Default)]
@@ -91,8 +81,18 @@ impl World {
         self.registry.register(self.due, (), spawn_renewer).id
     }
 
-    /// Joins every renewer started (all claims are registered by now).
-    fn join_renewers(&self) {
+    /// Runs `claim` on two tasks at once, then waits for them and for every renewer they
+    /// started.
+    fn claims(&self, claim: impl Fn(&Self) + Send + Sync + Clone + 'static) {
+        let claims: Vec<_> = (0..2)
+            .map(|_| {
+                let (world, claim) = (self.clone(), claim.clone());
+                thread::spawn(move || claim(&world))
+            })
+            .collect();
+        for claim in claims {
+            claim.join().unwrap();
+        }
         let renewers = std::mem::take(&mut *self.renewers.lock().unwrap());
         for renewer in renewers {
             renewer.join().unwrap();
@@ -105,18 +105,11 @@ impl World {
 /// renewing task), and no more than one renewer ran per claim.
 #[test]
 fn shuttle_tests_no_claim_is_left_without_a_renewer() {
-    both(|| {
+    explore(|| {
         let world = World::new();
-        let claims: Vec<_> = (0..2)
-            .map(|_| {
-                let world = world.clone();
-                thread::spawn(move || world.register())
-            })
-            .collect();
-        for claim in claims {
-            claim.join().unwrap();
-        }
-        world.join_renewers();
+        world.claims(|world| {
+            world.register();
+        });
         assert_eq!(world.registry.filed(), (0, 2), "(waiting, renewing)");
         assert!(world.renewers_started.load(Ordering::SeqCst) <= 2);
     });
@@ -126,21 +119,12 @@ fn shuttle_tests_no_claim_is_left_without_a_renewer() {
 /// filed, and every renewing task the renewer started for them was aborted.
 #[test]
 fn shuttle_tests_a_stopped_claim_leaves_no_renewing_task() {
-    both(|| {
+    explore(|| {
         let world = World::new();
-        let claims: Vec<_> = (0..2)
-            .map(|_| {
-                let world = world.clone();
-                thread::spawn(move || {
-                    let id = world.register();
-                    world.registry.stop(world.due, id);
-                })
-            })
-            .collect();
-        for claim in claims {
-            claim.join().unwrap();
-        }
-        world.join_renewers();
+        world.claims(|world| {
+            let id = world.register();
+            world.registry.stop(world.due, id);
+        });
         assert_eq!(world.registry.filed(), (0, 0), "(waiting, renewing)");
         for task in world.renewing.lock().unwrap().iter() {
             assert!(

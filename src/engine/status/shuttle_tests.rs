@@ -7,30 +7,20 @@
 use std::{sync::Arc, time::Duration};
 
 use shuttle::{
-    check_pct, check_random,
     sync::atomic::{AtomicBool, Ordering},
     thread,
 };
 use tokio::time::Instant;
 
 use super::lease::Lease;
-
-/// Random and PCT schedules per test, and the bug depth PCT targets.
-const RANDOM: usize = 2_000;
-const PCT: usize = 2_000;
-const PCT_DEPTH: usize = 3;
-
-fn both(test: impl Fn() + Send + Sync + Clone + 'static) {
-    check_random(test.clone(), RANDOM);
-    check_pct(test, PCT, PCT_DEPTH);
-}
+use crate::sync::explore;
 
 /// A handler paused past its lease reads "lost" while the renewal task, late, renews it, and
 /// another gives it up: every reader's reads never turn from lost back to held, a reader that
 /// starts after `set` returned reads lost, and the claim stays lost at the end.
 #[test]
 fn shuttle_tests_lost_is_monotonic_and_seen_by_every_reader() {
-    both(|| {
+    explore(|| {
         let start = Instant::now();
         let lease = Arc::new(Lease::new(start + Duration::from_secs(1)));
         let given_up = Arc::new(AtomicBool::new(false));
@@ -74,7 +64,7 @@ fn shuttle_tests_lost_is_monotonic_and_seen_by_every_reader() {
 /// lost (a renewal after the settle must not bring the lease back).
 #[test]
 fn shuttle_tests_a_settled_claim_is_never_lost() {
-    both(|| {
+    explore(|| {
         let start = Instant::now();
         let lease = Arc::new(Lease::new(start + Duration::from_secs(1)));
         let renewal = thread::spawn({

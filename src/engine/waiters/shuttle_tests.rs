@@ -7,23 +7,12 @@
 use std::sync::Arc;
 
 use shuttle::{
-    check_pct, check_random,
     sync::atomic::{AtomicBool, AtomicUsize, Ordering},
     thread,
 };
 
 use super::registry::Registry;
-use crate::record::StoreKey;
-
-/// Random and PCT schedules per test, and the bug depth PCT targets.
-const RANDOM: usize = 2_000;
-const PCT: usize = 2_000;
-const PCT_DEPTH: usize = 3;
-
-fn both(test: impl Fn() + Send + Sync + Clone + 'static) {
-    check_random(test.clone(), RANDOM);
-    check_pct(test, PCT, PCT_DEPTH);
-}
+use crate::{record::StoreKey, sync::explore};
 
 /// A key's value: which one it is, what its poller saw first, and the wakes that reached it.
 #[derive(Default)]
@@ -50,7 +39,7 @@ fn key(name: &str) -> StoreKey {
 /// digest), and every value started was handed back exactly once, to the last one out.
 #[test]
 fn shuttle_tests_waiters_leave_nothing_behind() {
-    both(|| {
+    explore(|| {
         let registry = Arc::new(Probes::default());
         let started = Arc::new(AtomicUsize::new(0));
         let tasks: Vec<_> = (0..3)
@@ -108,7 +97,7 @@ const ROUNDS: usize = 2;
 /// that task holds (not one its leaving neighbour took away, nor none).
 #[test]
 fn shuttle_tests_a_wake_reaches_every_waiter_joined_before_it() {
-    both(|| {
+    explore(|| {
         let registry = Arc::new(Probes::default());
         // One flag per task and round: its join returned, and it started leaving.
         let joined: Arc<[AtomicBool; 2 * ROUNDS]> = Arc::default();
@@ -165,7 +154,7 @@ fn shuttle_tests_a_wake_reaches_every_waiter_joined_before_it() {
 /// `wake` skips the lock while it reads no keys.
 #[test]
 fn shuttle_tests_no_wake_is_lost_to_the_unlocked_shortcut() {
-    both(|| {
+    explore(|| {
         let registry = Arc::new(Probes::default());
         let settled = Arc::new(AtomicBool::new(false));
         let waiter = thread::spawn({
