@@ -134,3 +134,39 @@ fn shuttle_tests_a_stopped_claim_leaves_no_renewing_task() {
         }
     });
 }
+
+/// The renewer sleeps until its next claim is due, so a claim due sooner must wake it. The
+/// renewer looks again (nothing due yet: an earlier claim stopped, the next is due at 10 s)
+/// while a claim due at 5 s registers: either that look saw the new claim (it wakes by 5 s)
+/// or the registration asked for a wake-up (the renewer's `Notify` was enabled before it
+/// looked, so the wake-up reaches it).
+#[test]
+fn shuttle_tests_a_claim_due_sooner_wakes_the_renewer() {
+    explore(|| {
+        let start = Instant::now();
+        let at = move |secs| start + Duration::from_secs(secs);
+        let registry = Arc::new(Registry::<(), Fake>::default());
+        // A renewer runs (its task never finishes here) and last slept until 1 s.
+        let earlier = registry.register(at(1), (), Fake::default);
+        registry.register(at(10), (), || unreachable!("a renewer runs"));
+        assert_eq!(
+            registry.hand_out_due(start, |()| unreachable!()),
+            Some(at(1))
+        );
+        registry.stop(at(1), earlier.id);
+        let renewer = thread::spawn({
+            let registry = registry.clone();
+            move || registry.hand_out_due(start, |()| unreachable!("nothing is due"))
+        });
+        let claim = thread::spawn({
+            let registry = registry.clone();
+            move || registry.register(at(5), (), || unreachable!("a renewer runs"))
+        });
+        let sleeps_until = renewer.join().unwrap().expect("claims are waiting");
+        let registered = claim.join().unwrap();
+        assert!(
+            sleeps_until <= at(5) || registered.wake_renewer,
+            "the renewer sleeps past a claim's due time, unwoken"
+        );
+    });
+}
