@@ -11,13 +11,13 @@
 //! engine's one renewer task, which gives a claim its own renewing task only when its first
 //! renewal comes due.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
-};
+mod registry;
+
+use std::sync::Arc;
 
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
+use self::registry::Registry;
 use super::{status::LostFlag, Engine};
 use crate::{
     record::{StoreKey, Token},
@@ -27,21 +27,9 @@ use crate::{
 /// The claims of one engine (and its clones) that are held, and the task that renews them.
 #[derive(Default)]
 pub(crate) struct Renewals {
-    state: Mutex<State>,
+    registry: Registry<Waiting, JoinHandle<()>>,
     /// Wakes the renewer when a claim falls due before the time it sleeps until.
     wake: Notify,
-}
-
-#[derive(Default)]
-struct State {
-    /// Claims whose first renewal is not due yet, by due time.
-    waiting: BTreeMap<(Instant, u64), Waiting>,
-    /// Claims that fell due: their renewing task.
-    renewing: HashMap<u64, JoinHandle<()>>,
-    next_id: u64,
-    renewer: Option<JoinHandle<()>>,
-    /// When the renewer looks next.
-    renewer_wakes_at: Option<Instant>,
 }
 
 struct Waiting {
@@ -71,51 +59,33 @@ impl Renewal {
     ) -> Self {
         let renewals = engine.shared.renewals.clone();
         let due = claimed_at + engine.shared.config.renew_every();
-        let mut state = renewals.lock();
-        let id = state.next_id;
-        state.next_id += 1;
         let waiting = Waiting {
             key,
             token,
             claimed_at,
             lost,
         };
-        state.waiting.insert((due, id), waiting);
-        let running = state
-            .renewer
-            .as_ref()
-            .is_some_and(|task| !task.is_finished());
-        if !running {
-            // The first claim, or the runtime the renewer ran on is gone: one on this runtime.
-            state.renewer_wakes_at = None;
-            state.renewer = Some(tokio::spawn(renewer(engine)));
-        } else if state.renewer_wakes_at.is_none_or(|at| due < at) {
+        let registered = renewals
+            .registry
+            .register(due, waiting, || tokio::spawn(renewer(engine)));
+        if registered.wake_renewer {
             renewals.wake.notify_one();
         }
-        drop(state);
-        Self { renewals, due, id }
+        Self {
+            renewals,
+            due,
+            id: registered.id,
+        }
     }
 
     pub(crate) fn stop(&self) {
-        let mut state = self.renewals.lock();
-        if state.waiting.remove(&(self.due, self.id)).is_none() {
-            if let Some(task) = state.renewing.remove(&self.id) {
-                task.abort();
-            }
-        }
+        self.renewals.registry.stop(self.due, self.id);
     }
 }
 
 impl Drop for Renewal {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-impl Renewals {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every change under the lock is a single insert, removal or assignment.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -134,33 +104,19 @@ async fn renewer(engine: Engine) {
         let wake = renewals.wake.notified();
         tokio::pin!(wake);
         wake.as_mut().enable();
-        let next = {
-            let mut state = renewals.lock();
-            let now = Instant::now();
-            while let Some(entry) = state.waiting.first_entry() {
-                let &(due, id) = entry.key();
-                if due > now {
-                    break;
-                }
-                let Waiting {
-                    key,
-                    token,
-                    claimed_at,
-                    lost,
-                } = entry.remove();
-                let task = tokio::spawn(renew(engine.clone(), key, token, claimed_at, lost));
-                state.renewing.insert(id, task);
-            }
-            let Some(&(next, _)) = state.waiting.first_key_value().map(|(due, _)| due) else {
-                // Nothing left to watch: end (the engine is not kept alive for nothing); the
-                // next claim starts a renewer again. Decided under the lock, so a claim
-                // registered meanwhile sees no renewer and starts one.
-                state.renewer = None;
-                state.renewer_wakes_at = None;
-                return;
-            };
-            state.renewer_wakes_at = Some(next);
-            next
+        let handed_out = renewals.registry.hand_out_due(Instant::now(), |waiting| {
+            let Waiting {
+                key,
+                token,
+                claimed_at,
+                lost,
+            } = waiting;
+            tokio::spawn(renew(engine.clone(), key, token, claimed_at, lost))
+        });
+        // Nothing left to watch: end (the engine is not kept alive for nothing); the next
+        // claim starts a renewer again.
+        let Some(next) = handed_out else {
+            return;
         };
         tokio::select! {
             () = &mut wake => {}
@@ -203,3 +159,6 @@ async fn renew(engine: Engine, key: StoreKey, token: Token, claimed_at: Instant,
         }
     }
 }
+
+#[cfg(all(test, shuttle))]
+mod shuttle_tests;

@@ -1,11 +1,12 @@
 //! [`ClaimStatus`]: how the owner of a claim learns that it lost it.
 
-use std::sync::{
-    atomic::{AtomicBool, Ordering},
-    Arc, Mutex,
-};
+mod lease;
+
+use std::sync::Arc;
 
 use tokio::{sync::Notify, time::Instant};
+
+use self::lease::Lease;
 
 /// Whether a running operation still owns its key. Cheap to clone; the HTTP layer puts one in
 /// the request's extensions, so a handler can check it before an irreversible step, or race
@@ -38,13 +39,8 @@ pub struct ClaimStatus {
 /// of a claim that settled (its [`ClaimStatus::lost`] pends forever either way).
 #[derive(Debug)]
 struct Flag {
-    lost: AtomicBool,
+    lease: Lease,
     changed: Notify,
-    /// The end of the last lease the store confirmed, by this process' clock. Checked by
-    /// `is_lost` itself because the renewal task cannot run while the process is paused: a
-    /// handler that resumes after a pause past the lease must not read "held" (model/README.md,
-    /// finding 1). `None` once the claim settled: nothing can be lost any more.
-    held_until: Mutex<Option<Instant>>,
 }
 
 /// The renewal task's side. Clones share the flag (the claim holds one, its renewal another).
@@ -55,28 +51,24 @@ impl LostFlag {
     /// A flag for a claim whose lease ends at `held_until` unless renewed.
     pub(crate) fn new(held_until: Instant) -> Self {
         Self(Arc::new(Flag {
-            lost: AtomicBool::new(false),
+            lease: Lease::new(held_until),
             changed: Notify::new(),
-            held_until: Mutex::new(Some(held_until)),
         }))
     }
 
     pub(crate) fn set(&self) {
-        self.0.lost.store(true, Ordering::SeqCst);
+        self.0.lease.set();
         self.0.changed.notify_waiters();
     }
 
     /// A renewal succeeded: the lease now ends at `held_until`.
     pub(crate) fn renewed(&self, held_until: Instant) {
-        let mut until = self.0.held_until();
-        if until.is_some() {
-            *until = Some(held_until);
-        }
+        self.0.lease.renewed(held_until);
     }
 
     /// The claim was completed or released (or dropped): its lease no longer matters.
     pub(crate) fn settled(&self) {
-        *self.0.held_until() = None;
+        self.0.lease.settled();
     }
 
     pub(crate) fn status(&self) -> ClaimStatus {
@@ -86,31 +78,11 @@ impl LostFlag {
     }
 }
 
-impl Flag {
-    fn held_until(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        // An Instant cannot be left half-written: a poisoned lock still holds a valid one.
-        self.held_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 impl ClaimStatus {
     /// True once the claim is lost (see the type's docs). Never turns back to false: a lease
     /// that ran out, even if renewed later, left a window in which a duplicate could start.
     pub fn is_lost(&self) -> bool {
-        if self.flag.lost.load(Ordering::SeqCst) {
-            return true;
-        }
-        if self
-            .flag
-            .held_until()
-            .is_some_and(|until| Instant::now() >= until)
-        {
-            self.flag.lost.store(true, Ordering::SeqCst);
-            return true;
-        }
-        false
+        self.flag.lease.is_lost_at(Instant::now())
     }
 
     /// Resolves when the claim is lost; pending forever while it is held, and after it was
@@ -124,7 +96,7 @@ impl ClaimStatus {
             if self.is_lost() {
                 return;
             }
-            let until = *self.flag.held_until();
+            let until = self.flag.lease.until();
             match until {
                 // Settled: only a `set` could still come, and none will.
                 None => changed.await,
@@ -139,6 +111,9 @@ impl ClaimStatus {
         }
     }
 }
+
+#[cfg(all(test, shuttle))]
+mod shuttle_tests;
 
 #[cfg(test)]
 mod tests {

@@ -12,13 +12,11 @@
 //! names (by the key's digest), so a waiter learns of an owner in another process finishing
 //! as soon as this process does of one of its own; the pollers then only back that up, slowly.
 
+mod registry;
+
 use std::{
-    collections::{hash_map, HashMap},
     future::Future,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc, Mutex, OnceLock, PoisonError, Weak,
-    },
+    sync::{Arc, OnceLock, Weak},
     time::Duration,
 };
 
@@ -27,6 +25,7 @@ use tokio::{
     task::JoinHandle,
 };
 
+use self::registry::Registry;
 use crate::{
     record::{Record, StoreKey},
     store::{Completion, Completions, StoreError},
@@ -85,28 +84,15 @@ impl KeyWatch {
     }
 }
 
-struct Entry {
-    subscribers: usize,
+/// A key's value in the registry: the watch its waiters share and the poller feeding it.
+struct Watched {
     watch: Arc<KeyWatch>,
     poller: JoinHandle<()>,
-    /// The key's digest, under which notifications name it (only while a feed is followed).
-    digest: Option<[u8; 32]>,
-}
-
-#[derive(Default)]
-struct Map {
-    by_key: HashMap<StoreKey, Entry>,
-    /// The keys that have waiters, by digest, for the notifications of the store's feed.
-    by_digest: HashMap<[u8; 32], StoreKey>,
 }
 
 #[derive(Default)]
 pub(crate) struct Waiters {
-    map: Mutex<Map>,
-    /// The number of keys in `map`, readable without its lock: every owner settling a key
-    /// asks for its waiters, and nearly always there are none. Raised before a key's poller
-    /// starts, so an owner that reads zero settled before that poller's first look.
-    key_count: AtomicUsize,
+    keys: Registry<Watched>,
     /// The task following the store's completion feed, if the store has one; `None` inside
     /// when it has not (decided once, by the first caller of `follow`).
     feed: OnceLock<Option<Follower>>,
@@ -137,51 +123,32 @@ impl Waiters {
         max: usize,
         start: impl FnOnce(Arc<KeyWatch>) -> JoinHandle<()>,
     ) -> Option<Subscription<'_>> {
-        let notified = self.notified();
-        let mut guard = self.lock();
-        let map = &mut *guard;
-        let entry = match map.by_key.entry(key.clone()) {
-            hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            hash_map::Entry::Vacant(vacant) => {
-                self.key_count.fetch_add(1, Ordering::SeqCst);
-                let watch = Arc::new(KeyWatch {
-                    seen: watch::Sender::new(None),
-                    look_now: Notify::new(),
-                });
-                let digest = notified.then(|| key.digest());
-                if let Some(digest) = digest {
-                    map.by_digest.insert(digest, key.clone());
-                }
-                let poller = start(watch.clone());
-                vacant.insert(Entry {
-                    subscribers: 0,
-                    watch,
-                    poller,
-                    digest,
-                })
-            }
-        };
-        if entry.subscribers >= max {
-            return None;
-        }
-        entry.subscribers += 1;
-        Some(Subscription {
-            waiters: self,
-            key: key.clone(),
-            seen: entry.watch.seen.subscribe(),
-        })
+        self.keys
+            .join(
+                key,
+                max,
+                self.notified(),
+                || {
+                    let watch = Arc::new(KeyWatch {
+                        seen: watch::Sender::new(None),
+                        look_now: Notify::new(),
+                    });
+                    let poller = start(watch.clone());
+                    Watched { watch, poller }
+                },
+                |watched| watched.watch.seen.subscribe(),
+            )
+            .map(|seen| Subscription {
+                waiters: self,
+                key: key.clone(),
+                seen,
+            })
     }
 
     /// Asks the poller of `key`, if any, to look now (called after the owner completed or
     /// released it).
     pub(crate) fn wake(&self, key: &StoreKey) {
-        // The owner's store write came first: a poller started after this reads it.
-        if self.key_count.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        if let Some(entry) = self.lock().by_key.get(key) {
-            entry.watch.look_now.notify_one();
-        }
+        self.keys.wake(key, Watched::look_now);
     }
 
     /// Follows the store's completion feed from now on, if `completions` gives one (called
@@ -199,31 +166,22 @@ impl Waiters {
     }
 
     fn wake_digest(&self, digest: &[u8; 32]) {
-        let map = self.lock();
-        if let Some(entry) = map
-            .by_digest
-            .get(digest)
-            .and_then(|key| map.by_key.get(key))
-        {
-            entry.watch.look_now.notify_one();
-        }
+        self.keys.wake_digest(digest, Watched::look_now);
     }
 
     fn wake_all(&self) {
-        for entry in self.lock().by_key.values() {
-            entry.watch.look_now.notify_one();
-        }
+        self.keys.wake_all(Watched::look_now);
     }
 
     /// How many keys have waiters right now.
     pub(crate) fn keys(&self) -> usize {
-        self.key_count.load(Ordering::SeqCst)
+        self.keys.keys()
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Map> {
-        // Every change under the lock is a single insert, increment, decrement or removal
-        // (of a key and its digest together): a panicking holder cannot leave it half-done.
-        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+impl Watched {
+    fn look_now(&self) {
+        self.watch.look_now.notify_one();
     }
 }
 
@@ -251,21 +209,14 @@ impl Subscription<'_> {
 
 impl Drop for Subscription<'_> {
     fn drop(&mut self) {
-        let mut guard = self.waiters.lock();
-        let map = &mut *guard;
-        if let hash_map::Entry::Occupied(mut entry) = map.by_key.entry(self.key.clone()) {
-            entry.get_mut().subscribers -= 1;
-            if entry.get().subscribers == 0 {
-                let entry = entry.remove();
-                self.waiters.key_count.fetch_sub(1, Ordering::SeqCst);
-                entry.poller.abort();
-                if let Some(digest) = entry.digest {
-                    map.by_digest.remove(&digest);
-                }
-            }
+        if let Some(watched) = self.waiters.keys.leave(&self.key) {
+            watched.poller.abort();
         }
     }
 }
+
+#[cfg(all(test, shuttle))]
+mod shuttle_tests;
 
 #[cfg(test)]
 mod tests {

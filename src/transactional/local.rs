@@ -3,12 +3,13 @@
 
 use std::{
     collections::HashSet,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, PoisonError},
 };
 
 use crate::{
     engine::{in_flight::InFlightGuard, Engine},
     record::StoreKey,
+    sync::{Mutex, MutexGuard},
 };
 
 #[derive(Default)]
@@ -43,7 +44,7 @@ impl LocalOwners {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<StoreKey>> {
+    fn lock(&self) -> MutexGuard<'_, HashSet<StoreKey>> {
         // A set of keys holds no invariant a panicking holder could break half-way.
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -1,10 +1,7 @@
-use std::{
-    collections::HashMap,
-    hash::Hash,
-    sync::{Arc, Mutex, MutexGuard},
-};
+use std::{collections::HashMap, hash::Hash, sync::Arc};
 
 use super::{ConflictReason, Expected, InsertOutcome, Version, VersionedUpdate};
+use crate::sync::{Mutex, MutexGuard};
 
 /// A value together with its version, as read from a [`MemoryVersioned`] map.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use shuttle::{check_pct, check_random, thread};
+use shuttle::thread;
 
 use super::InFlight;
+use crate::sync::explore;
 
 /// Three tasks each hold two claims in turn, overlapping the others': the count never goes
 /// past the claims held at once and is back to 0 when all are done, in every schedule.
@@ -32,6 +33,5 @@ fn shuttle_tests_in_flight_returns_to_zero() {
         }
         assert_eq!(in_flight.count(), 0);
     };
-    check_random(test, 2_000);
-    check_pct(test, 2_000, 3);
+    explore(test);
 }

@@ -8,27 +8,17 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use shuttle::{check_pct, check_random, future::block_on, thread};
+use shuttle::{future::block_on, thread};
 
 use super::{MemoryStore, SHARDS};
 use crate::{
     record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token},
     store::{Store, StoreError},
+    sync::explore,
 };
-
-/// Random schedules per test; with the PCT runs below the whole file takes seconds.
-const RANDOM: usize = 2_000;
-/// PCT schedules per test, and the bug depth they target (preemptions at chosen points).
-const PCT: usize = 2_000;
-const PCT_DEPTH: usize = 3;
 
 /// Long enough that no lease of a test runs out during it.
 const LEASE: Duration = Duration::from_secs(3600);
-
-fn both(test: impl Fn() + Send + Sync + Clone + 'static) {
-    check_random(test.clone(), RANDOM);
-    check_pct(test, PCT, PCT_DEPTH);
-}
 
 fn fingerprint(n: u8) -> Fingerprint {
     Fingerprint::from_bytes([n; 32])
@@ -66,7 +56,7 @@ fn claim(
 /// the others see that owner's claim (its fingerprint), never one of their own.
 #[test]
 fn shuttle_tests_one_owner_per_key() {
-    both(|| {
+    explore(|| {
         let store = MemoryStore::new();
         let key = StoreKey::new("shuttle", "one");
         let tasks: Vec<_> = (1..=3u8)
@@ -102,7 +92,7 @@ fn shuttle_tests_one_owner_per_key() {
 /// every order; the new owner's completion stands.
 #[test]
 fn shuttle_tests_complete_only_by_the_token_holder() {
-    both(|| {
+    explore(|| {
         let store = MemoryStore::new();
         let key = StoreKey::new("shuttle", "fenced");
         let ClaimOutcome::Claimed(old) = claim(&store, &key, 1, LEASE).unwrap() else {
@@ -156,7 +146,7 @@ fn shuttle_tests_complete_only_by_the_token_holder() {
 /// charge never passes the maximum.
 #[test]
 fn shuttle_tests_claims_never_exceed_the_budget() {
-    both(|| {
+    explore(|| {
         let max = 2 * MemoryStore::RECORD_OVERHEAD;
         let store = MemoryStore::builder().max_bytes(max).build();
         let mut keys = keys_in_distinct_shards(4);

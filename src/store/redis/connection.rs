@@ -1,7 +1,7 @@
 //! One connection type for both deployments, so every operation is written once.
 
 use std::{
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -11,6 +11,8 @@ use redis::{
     cluster_async::ClusterConnection,
     Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
+
+use crate::sync::{Mutex, MutexGuard};
 
 /// A single server behind a reconnecting manager, or a cluster. Both are cheap handles onto
 /// multiplexed connections: clones share them.
@@ -71,7 +73,7 @@ impl Cluster {
         (current.connection.clone(), current.generation)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Current> {
+    fn lock(&self) -> MutexGuard<'_, Current> {
         self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
