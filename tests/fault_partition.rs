@@ -32,7 +32,7 @@ use std::{
 };
 
 use http::StatusCode;
-use netns::{start_isolated, Isolated};
+use netns::{isolated_or_skip, start_isolated};
 use process::{shared::Shared, unique, Charge, Http, Launch, Reply};
 
 /// Longer than any key needs to settle; a client without a final answer by then is stuck.
@@ -224,7 +224,7 @@ async fn separate_redis_partition_doubles_each_claimed_key(shared: Shared) {
 /// The partition scenario in `mode` (see [`partition_past_the_lease`]): the verdict and
 /// both clients' histories of every key.
 async fn partition_while_claimed(shared: &Shared, mode: Launch) -> (Verdict, Vec<[History; 2]>) {
-    let Some(mut isolated) = Isolated::new() else {
+    let Some(mut isolated) = isolated_or_skip() else {
         return (Verdict::default(), Vec::new());
     };
     let launch = mode.env("IDEMPOTENCY_LEASE_MS", LEASE_MS);
@@ -278,7 +278,7 @@ async fn partition_while_claimed(shared: &Shared, mode: Launch) -> (Verdict, Vec
 /// The isolated process's store is 150 ms away (75 ms each way); both copies of every key are
 /// sent at once, one to each process.
 async fn store_far_away(shared: Shared) {
-    let Some(mut isolated) = Isolated::new() else {
+    let Some(mut isolated) = isolated_or_skip() else {
         return;
     };
     let launch = transactional().env("PAYMENTS_HANDLER_DELAY_MS", 200);

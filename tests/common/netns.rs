@@ -21,9 +21,10 @@
 //!   refused) and no module to load. TCP hides loss from the application anyway, as delay and
 //!   retransmissions; a partition is loss at its extreme.
 //!
-//! Everything needs root and `ip` (iproute2). Without them [`Isolated::new`] returns `None`
-//! with a note, like a test whose server is absent, unless `TEST_REQUIRE_ALL_BACKENDS=1`, which
-//! makes it a failure. [`Drop`] deletes the links and the namespace, also when the test panics.
+//! Everything needs root and `ip` (iproute2). Without them [`Isolated::new`] returns the error
+//! (`tests/process/netns.rs` then skips with a note, like a test whose server is absent, unless
+//! `TEST_REQUIRE_ALL_BACKENDS=1`). [`Drop`] deletes the links and the namespace, also when the
+//! test panics.
 #![allow(dead_code)]
 
 use std::{
@@ -34,11 +35,8 @@ use std::{
 };
 
 // Included by path, so the file works from any test binary's module tree.
-#[path = "backends.rs"]
-mod backends;
 #[path = "proxy.rs"]
 mod proxy;
-use backends::require_all;
 use proxy::Proxy;
 
 /// A network namespace with a link for HTTP and one for store traffic; see the module docs.
@@ -63,22 +61,9 @@ pub struct IpError {
 }
 
 impl Isolated {
-    /// A fresh namespace with both links up and addressed, or `None` (skip) when this
-    /// machine cannot make one (not root, no `ip`).
-    pub fn new() -> Option<Self> {
-        match Self::try_new() {
-            Ok(isolated) => Some(isolated),
-            Err(error) if require_all() => {
-                panic!("network namespaces unavailable but TEST_REQUIRE_ALL_BACKENDS=1: {error}")
-            }
-            Err(error) => {
-                eprintln!("skipped: network namespaces unavailable: {error}");
-                None
-            }
-        }
-    }
-
-    fn try_new() -> Result<Self, IpError> {
+    /// A fresh namespace with both links up and addressed, or the `ip` command that failed
+    /// (not root, no `ip`): the caller skips or fails as its backends rule says.
+    pub fn new() -> Result<Self, IpError> {
         // Short and unique: interface names are at most 15 bytes, and tests of several
         // binaries may hold namespaces at once.
         let id = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);

@@ -6,7 +6,22 @@
 mod isolated;
 pub use isolated::Isolated;
 
-use crate::process::{Launch, Server};
+use crate::process::{shared::require_all, Launch, Server};
+
+/// A fresh [`Isolated`] host, or `None` (skip, with a note) when this machine cannot make one,
+/// unless `TEST_REQUIRE_ALL_BACKENDS=1`, which makes that a failure.
+pub fn isolated_or_skip() -> Option<Isolated> {
+    match Isolated::new() {
+        Ok(isolated) => Some(isolated),
+        Err(error) if require_all() => {
+            panic!("network namespaces unavailable but TEST_REQUIRE_ALL_BACKENDS=1: {error}")
+        }
+        Err(error) => {
+            eprintln!("skipped: network namespaces unavailable: {error}");
+            None
+        }
+    }
+}
 
 /// The variables whose URLs name a store server to reach through the namespace's proxies.
 const STORE_VARS: &[&str] = &["DATABASE_URL", "REDIS_URL"];
