@@ -8,6 +8,10 @@
 //! - [`Proxy::stall`] plays a network that stops answering: connections stay open, but no
 //!   byte crosses the proxy (nor does a new connection get through) until
 //!   [`Proxy::restore`]. A client only notices through its own timeouts.
+//! - [`Proxy::delay`] plays a store farther away: every chunk of bytes is held for that long
+//!   in each direction before it is written on (stamped when read, so bytes that arrive in a
+//!   burst are not delayed once per chunk). [`Proxy::start_on`] binds a given address, for a
+//!   proxy that a process in another network namespace reaches over a veth link.
 //! - Connections turned away while cut are counted, so a test can prove that the client really
 //!   tried (and failed) to reach the store, rather than trusting a timing.
 #![allow(dead_code)]
@@ -16,7 +20,10 @@ use std::{
     collections::HashMap,
     io,
     net::{Shutdown, SocketAddr},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
     time::Duration,
 };
 
@@ -27,6 +34,7 @@ use tokio::{
         TcpListener, TcpStream,
     },
     sync::{watch, Notify},
+    time::Instant,
 };
 
 /// A handle on the proxy; clones share it. Dropping handles does not stop it: its tasks end
@@ -44,6 +52,8 @@ struct Inner {
     turned_away: Notify,
     /// `false` while stalled: bytes read are held until it turns `true`.
     flowing: watch::Sender<bool>,
+    /// Added latency per direction, in milliseconds (0: none).
+    delay_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -59,15 +69,19 @@ struct State {
 impl Proxy {
     /// Listens on `127.0.0.1:0` and forwards each connection to `host:port`.
     pub async fn start(host: &str, port: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the proxy");
+        Self::start_on("127.0.0.1:0".parse().expect("an address"), host, port).await
+    }
+
+    /// Listens on `listen` and forwards each connection to `host:port`.
+    pub async fn start_on(listen: SocketAddr, host: &str, port: u16) -> Proxy {
+        let listener = TcpListener::bind(listen).await.expect("bind the proxy");
         let addr = listener.local_addr().expect("the proxy's address");
         let inner = Arc::new(Inner {
             upstream: (host.to_owned(), port),
             state: Mutex::default(),
             turned_away: Notify::new(),
             flowing: watch::Sender::new(true),
+            delay_ms: AtomicU64::new(0),
         });
         tokio::spawn(accept_loop(listener, inner.clone()));
         Proxy { inner, addr }
@@ -101,6 +115,13 @@ impl Proxy {
     pub fn restore(&self) {
         self.inner.lock().cut = false;
         self.inner.flowing.send_replace(true);
+    }
+
+    /// Holds every byte for `one_way` in each direction from now on, on live and new
+    /// connections (a round trip gets twice that); `Duration::ZERO` forwards at once again.
+    pub fn delay(&self, one_way: Duration) {
+        let ms = u64::try_from(one_way.as_millis()).unwrap_or(u64::MAX);
+        self.inner.delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// How many connections were turned away while cut.
@@ -175,23 +196,43 @@ async fn forward(client: TcpStream, inner: Arc<Inner>) {
     inner.lock().live.remove(&id);
 }
 
-/// Copies one direction until either side closes, holding the bytes while stalled.
+/// Copies one direction until either side closes, holding the bytes while stalled. Reading
+/// and writing are split by a queue of chunks stamped with their delivery time, so a delay
+/// holds each chunk for the delay after it was read, not once more per chunk queued before it.
 async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, inner: &Inner) {
     let mut flowing = inner.flowing.subscribe();
-    let mut buffer = vec![0; 16 * 1024];
-    loop {
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(read) => read,
-        };
-        if flowing.wait_for(|flowing| *flowing).await.is_err()
-            || to.write_all(&buffer[..read]).await.is_err()
-        {
-            break;
+    let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buffer = vec![0; 16 * 1024];
+        loop {
+            let read = match from.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => read,
+            };
+            if flowing.wait_for(|flowing| *flowing).await.is_err() {
+                break;
+            }
+            let delay = Duration::from_millis(inner.delay_ms.load(Ordering::SeqCst));
+            if queue
+                .send((Instant::now() + delay, buffer[..read].to_vec()))
+                .is_err()
+            {
+                break;
+            }
         }
-    }
-    // Pass the half-close on, so the other side sees the end of the stream.
-    let _ = to.shutdown().await;
+        // Dropping `queue` here ends the writer once it has written what is queued.
+    };
+    let write = async move {
+        while let Some((at, chunk)) = queued.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        // Pass the half-close on, so the other side sees the end of the stream.
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
 }
 
 /// Records the connection's sockets so `cut` can reach them — unless a cut came first, in

@@ -65,6 +65,9 @@ pub use example_binary::example_binary;
 #[derive(Debug, Clone, Default)]
 pub struct Launch {
     env: Vec<(String, String)>,
+    /// A program and its arguments that run the example (e.g. `ip netns exec NS`); empty:
+    /// the example runs directly.
+    prefix: Vec<String>,
 }
 
 impl Launch {
@@ -82,13 +85,28 @@ impl Launch {
         self
     }
 
+    /// Runs the example as the last argument of `prefix` (a program that execs it, such as
+    /// `ip netns exec NS`, so the pid the test kills is still the example's).
+    pub fn prefix(mut self, prefix: Vec<String>) -> Self {
+        self.prefix = prefix;
+        self
+    }
+
     /// Starts the process and waits until it answers `GET /stats`.
     ///
     /// The example binds port 0 and the test reads the port from its start line: a port
     /// picked by the test and bound later by the example could be taken in between by a
     /// parallel test, whose server would then answer in this one's place.
     pub async fn start(self) -> Server {
-        let mut command = Command::new(example_binary("payments"));
+        let binary = example_binary("payments");
+        let mut command = match self.prefix.split_first() {
+            None => Command::new(binary),
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+        };
         for var in CONTRACT_VARS {
             command.env_remove(var);
         }
