@@ -11,7 +11,7 @@ use axum::{
 };
 use bytes::Bytes;
 use serde::Deserialize;
-use tower_idempotency::{version::RequireIfMatch, DoNotStore};
+use tower_idempotency::{engine::ClaimStatus, version::RequireIfMatch, DoNotStore};
 
 use crate::{payments::Payment, problem, App};
 
@@ -45,6 +45,16 @@ pub async fn create(State(app): State<App>, extensions: Extensions, body: Bytes)
     if !app.config.handler_delay.is_zero() {
         tracing::info!(delay = ?app.config.handler_delay, "charging after PAYMENTS_HANDLER_DELAY_MS");
         tokio::time::sleep(app.config.handler_delay).await;
+    }
+    // The last moment to step back: a claim whose lease ran out while this request waited
+    // (a stalled process, a store out of reach) may already be run by a duplicate elsewhere.
+    // Charging now would be the second charge the separate mode cannot take back. The check
+    // narrows the window to the charge itself; only the transactional mode closes it.
+    if extensions
+        .get::<ClaimStatus>()
+        .is_some_and(ClaimStatus::is_lost)
+    {
+        return problem::lease_lost();
     }
     let created = app
         .payments

@@ -18,7 +18,9 @@
 //!   waits and replays); the same key with another body gets 422. An invalid body gets 422
 //!   and records nothing, so it may be fixed and resent under the same key. Each run of the
 //!   handler inserts one charge row with no unique constraint on the key: the layer alone
-//!   prevents doubles.
+//!   prevents doubles. In the separate mode, a handler whose hold on its key ran out before
+//!   it charged (the process stalled past the lease, or lost its store) charges nothing and
+//!   answers 503 `urn:payments:lease-lost`; a retry with the same key gets the outcome.
 //! - `GET /payments/{id}`: `200` with the payment and its `ETag`, or `404`.
 //! - `PATCH /payments/{id}`, body `{"status": "paid" | "refunded" | "failed"}`: `If-Match` is
 //!   required (428 without it); a stale or non-matching tag gets 412 with the current `ETag`;

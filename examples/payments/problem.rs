@@ -39,6 +39,16 @@ pub fn processor_unavailable() -> Response {
     .into_response()
 }
 
+pub fn lease_lost() -> Response {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:payments:lease-lost",
+        "Request took too long",
+        )
+    .detail("this request's hold on its idempotency key ran out before it charged; nothing was charged, retry with the same key to get the operation's outcome")
+    .into_response()
+}
+
 pub fn internal(error: impl std::fmt::Display) -> Response {
     tracing::error!(%error, "payments storage failed");
     Problem::new(
