@@ -1,5 +1,6 @@
 //! The nemesis: one fault at a time, at random intervals, on a random process, each recorded
-//! with its kind and when it lasted (the checker matches faults to the keys in flight).
+//! with its kind and when it lasted (the checker matches faults to the keys in flight). The
+//! kinds come in rounds, each a shuffle of all of them, so that even a short run sees each.
 //!
 //! - `kill`: SIGKILL, then a fresh process in its place.
 //! - `pause`: SIGSTOP for longer than the lease, then SIGCONT (the other process may take its
@@ -19,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rand::Rng;
+use rand::{seq::SliceRandom, Rng};
 
 use super::{fleet::Fleet, sessions::Sessions};
 
@@ -81,12 +82,17 @@ impl Nemesis {
     /// Injects faults until `stop`; the last one is healed before it returns.
     pub async fn run(self, stop: Arc<AtomicBool>) -> Vec<Injected> {
         let mut injected = Vec::new();
+        let mut round = Vec::new();
         while !stop.load(Ordering::SeqCst) {
-            let (gap, fault, process) = {
+            if round.is_empty() {
+                round = self.kinds.clone();
+                round.shuffle(&mut rand::rng());
+            }
+            let fault = round.pop().expect("a fault of this round");
+            let (gap, process) = {
                 let mut rng = rand::rng();
                 (
                     Duration::from_millis(rng.random_range(300..1200)),
-                    self.kinds[rng.random_range(0..self.kinds.len())],
                     rng.random_range(0..self.fleet.size()),
                 )
             };

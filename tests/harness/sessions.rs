@@ -68,7 +68,7 @@ impl Sessions {
                 usize::try_from(killed).unwrap_or(0)
             }
             Self::MySql { admin, database } => {
-                let ids: Vec<u64> = sqlx::query_scalar(
+                let ids: Vec<i64> = sqlx::query_scalar(
                     "SELECT ID FROM information_schema.PROCESSLIST \
                      WHERE DB = ? AND ID <> CONNECTION_ID() \
                        AND (NOT ? OR ID IN (SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX))",
