@@ -11,7 +11,12 @@
 //! `FAULT_HARNESS_SECS` sets each run's seconds of new keys (default 15); the runs take
 //! turns, as five at once would overload a small machine. `scripts/bench.d/faults.sh` runs
 //! them long.
-#![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite", feature = "redis"))]
+#![cfg(all(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "redis"
+))]
 
 mod harness;
 mod process;
@@ -19,7 +24,10 @@ mod process;
 use std::sync::{Mutex, PoisonError};
 
 use bytes::Bytes;
-use harness::{checker::Report, effects, History, Plan};
+use harness::{
+    checker::{self, Report},
+    effects, History, Plan,
+};
 use process::shared::Shared;
 
 /// One run at a time.
@@ -45,9 +53,37 @@ async fn harness(shared: &Shared, separate: bool) -> (History, Plan) {
 }
 
 /// The checker's own mutants, on a real history that passed: one charge row planted behind
-/// the example's back must show as a double, one copy's answer changed as a differing key.
+/// the example's back must show as a double, one key's rows left out as a lost key, one
+/// fresh answer missing as a stuck key, one copy's answer changed as a differing key.
 async fn the_checker_catches_what_is_planted(shared: &Shared, history: History, plan: &Plan) {
     let first = history.logs.first().expect("a key").key.amount;
+    let mut charges = effects::charges(shared).await;
+    charges.retain(|row| row.amount != first);
+    let report = checker::check(
+        plan.separate,
+        &history.logs,
+        &history.fresh,
+        &charges,
+        &history.faults,
+    );
+    assert_eq!(
+        report.lost, 1,
+        "the key without its charge row was not seen"
+    );
+    let mut fresh = history.fresh.clone();
+    fresh[0] = None;
+    let report = checker::check(
+        plan.separate,
+        &history.logs,
+        &fresh,
+        &effects::charges(shared).await,
+        &history.faults,
+    );
+    assert_eq!(
+        report.stuck, 1,
+        "the key without a fresh answer was not seen"
+    );
+
     effects::plant_charge(shared, first).await;
     let report = history.check(shared, plan).await;
     assert_eq!(report.doubles, 1, "the planted double was not seen");
@@ -60,7 +96,10 @@ async fn the_checker_catches_what_is_planted(shared: &Shared, history: History, 
         .expect("a final answer");
     answer.body = Bytes::from_static(b"{\"id\": \"someone else's\"}");
     let report = changed.check(shared, plan).await;
-    assert_eq!(report.differing, 1, "the planted differing answer was not seen");
+    assert_eq!(
+        report.differing, 1,
+        "the planted differing answer was not seen"
+    );
 }
 
 fn print_row(report: &Report, shared: &Shared, plan: &Plan) {

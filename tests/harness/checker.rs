@@ -76,14 +76,19 @@ pub fn check(
             .push(&row.payment_id);
     }
     for (log, fresh) in logs.iter().zip(fresh) {
-        let effects = by_amount.get(&log.key.amount).map_or(&[][..], Vec::as_slice);
+        let effects = by_amount
+            .get(&log.key.amount)
+            .map_or(&[][..], Vec::as_slice);
         let problem = |report: &mut Report, what: &str| {
             report.problems.push(format!(
                 "key {:?} (amount {}): {what}; effects {}, answers {:?}, fresh {:?}",
                 log.key.charge.key,
                 log.key.amount,
                 effects.len(),
-                log.copies.iter().map(|c| c.answer.as_ref().map(brief)).collect::<Vec<_>>(),
+                log.copies
+                    .iter()
+                    .map(|c| c.answer.as_ref().map(brief))
+                    .collect::<Vec<_>>(),
                 fresh.as_ref().map(brief),
             ));
         };
@@ -96,7 +101,11 @@ pub fn check(
                 problem(&mut report, "double");
             }
         }
-        let answers: Vec<&Answer> = log.copies.iter().filter_map(|c| c.answer.as_ref()).collect();
+        let answers: Vec<&Answer> = log
+            .copies
+            .iter()
+            .filter_map(|c| c.answer.as_ref())
+            .collect();
         if answers.len() < log.copies.len() || fresh.is_none() {
             report.stuck += 1;
             problem(&mut report, "stuck");
@@ -140,7 +149,9 @@ pub fn check(
 /// Whether a fault overlapped `[started, ended]`: each kind the separate mode meets (a kill,
 /// a pause past the lease, a cut from the store) can leave an effect without its record.
 fn disturbed(faults: &[Injected], started: Instant, ended: Instant) -> bool {
-    faults.iter().any(|fault| fault.started <= ended && fault.ended >= started)
+    faults
+        .iter()
+        .any(|fault| fault.started <= ended && fault.ended >= started)
 }
 
 fn payment_id(answer: &Answer) -> Option<String> {
@@ -174,9 +185,6 @@ impl Report {
         failures
     }
 
-    /// The table's header, for [`row`](Self::row).
-    pub const HEADER: &'static str = "| store | mode | seconds | faults injected | keys | doubles (documented limit) | doubles (other) | lost | stuck | differing | outcome-unknown seen (then answered) |\n|---|---|---|---|---|---|---|---|---|---|---|";
-
     /// This run as one row of the table.
     pub fn row(&self, store: &str, mode: &str, seconds: u64) -> String {
         let mut faults = self
@@ -189,7 +197,10 @@ impl Report {
             let _ = write!(faults, " ({} sessions ended)", self.sessions_killed);
         }
         let documented = if mode == "separate" {
-            format!("{} ({} answered apart)", self.expected_doubles, self.answered_apart)
+            format!(
+                "{} ({} answered apart)",
+                self.expected_doubles, self.answered_apart
+            )
         } else {
             "n/a".to_owned()
         };

@@ -124,18 +124,18 @@ impl Clients {
                     wait: Duration::from_millis(50),
                     switch: true,
                 },
-                Some(http) => match tokio::time::timeout(self.attempt, http.try_charge(charge))
-                    .await
-                {
-                    Ok(Ok(reply)) => {
-                        log.outcome_unknown += usize::from(is_outcome_unknown(&reply));
-                        step(reply)
+                Some(http) => {
+                    match tokio::time::timeout(self.attempt, http.try_charge(charge)).await {
+                        Ok(Ok(reply)) => {
+                            log.outcome_unknown += usize::from(is_outcome_unknown(&reply));
+                            step(reply)
+                        }
+                        Ok(Err(_)) | Err(_) => Step::Again {
+                            wait: Duration::from_millis(50),
+                            switch: true,
+                        },
                     }
-                    Ok(Err(_)) | Err(_) => Step::Again {
-                        wait: Duration::from_millis(50),
-                        switch: true,
-                    },
-                },
+                }
             };
             match step {
                 Step::Final(answer) => {

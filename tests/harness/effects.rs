@@ -13,36 +13,46 @@ pub struct ChargeRow {
     pub amount: i64,
 }
 
-/// Every charge row of `shared`'s database.
-pub async fn charges(shared: &Shared) -> Vec<ChargeRow> {
-    let rows: Result<Vec<(String, i64)>, sqlx::Error> = match shared {
-        Shared::Postgres { admin, schema, .. } => {
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT payment_id, amount FROM {schema}.charges"
-            )))
-            .fetch_all(admin)
-            .await
-        }
-        Shared::MySql {
-            admin, database, ..
-        } => {
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT payment_id, amount FROM {database}.charges"
-            )))
-            .fetch_all(admin)
-            .await
-        }
-        Shared::Sqlite { url, .. } => {
-            let pool = SqlitePool::connect(url).await.expect("open the SQLite file");
-            let rows = sqlx::query_as("SELECT payment_id, amount FROM charges")
-                .fetch_all(&pool)
-                .await;
-            pool.close().await;
-            rows
+/// Runs `$body` with `$pool` bound to an admin pool on `$shared`'s database and `$t` to the
+/// prefix that qualifies its tables (the private schema or database; nothing for SQLite,
+/// whose file is opened for the occasion).
+macro_rules! on_tables {
+    ($shared:expr, |$pool:ident, $t:ident| $body:expr) => {
+        match $shared {
+            Shared::Postgres { admin, schema, .. } => {
+                let ($pool, $t) = (admin, format!("{schema}."));
+                $body
+            }
+            Shared::MySql {
+                admin, database, ..
+            } => {
+                let ($pool, $t) = (admin, format!("{database}."));
+                $body
+            }
+            Shared::Sqlite { url, .. } => {
+                let pool = SqlitePool::connect(url)
+                    .await
+                    .expect("open the SQLite file");
+                let ($pool, $t) = (&pool, String::new());
+                let result = $body;
+                pool.close().await;
+                result
+            }
         }
     };
-    rows.expect("read the charge rows")
-        .into_iter()
+}
+
+/// Every charge row of `shared`'s database.
+pub async fn charges(shared: &Shared) -> Vec<ChargeRow> {
+    let rows: Vec<(String, i64)> = on_tables!(shared, |pool, t| {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT payment_id, amount FROM {t}charges"
+        )))
+        .fetch_all(pool)
+        .await
+    })
+    .expect("read the charge rows");
+    rows.into_iter()
         .map(|(payment_id, amount)| ChargeRow { payment_id, amount })
         .collect()
 }
@@ -51,32 +61,16 @@ pub async fn charges(shared: &Shared) -> Vec<ChargeRow> {
 /// double the checker's own test must catch.
 pub async fn plant_charge(shared: &Shared, amount: i64) {
     let id = format!("planted{:016x}", rand::random::<u64>());
-    // `{t}`: where the tables are (the private schema or database; SQLite: the file).
-    let sql = |t: &str| {
-        sqlx::AssertSqlSafe(format!(
+    on_tables!(shared, |pool, t| {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {t}payments (id, amount, currency, status, version) \
              VALUES ('{id}', {amount}, 'EUR', 'pending', 1); \
              INSERT INTO {t}charges (id, payment_id, amount, currency) \
              VALUES ('{id}', '{id}', {amount}, 'EUR')"
-        ))
-    };
-    let done = match shared {
-        Shared::Postgres { admin, schema, .. } => sqlx::raw_sql(sql(&format!("{schema}.")))
-            .execute(admin)
-            .await
-            .map(drop),
-        Shared::MySql {
-            admin, database, ..
-        } => sqlx::raw_sql(sql(&format!("{database}.")))
-            .execute(admin)
-            .await
-            .map(drop),
-        Shared::Sqlite { url, .. } => {
-            let pool = SqlitePool::connect(url).await.expect("open the SQLite file");
-            let result = sqlx::raw_sql(sql("")).execute(&pool).await.map(drop);
-            pool.close().await;
-            result
-        }
-    };
-    done.expect("plant a charge");
+        )))
+        .execute(pool)
+        .await
+        .map(drop)
+    })
+    .expect("plant a charge");
 }

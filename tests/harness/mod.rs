@@ -77,7 +77,13 @@ impl History {
     /// Checks this history against the charge rows in `shared`'s database now.
     pub async fn check(&self, shared: &Shared, plan: &Plan) -> Report {
         let charges = effects::charges(shared).await;
-        checker::check(plan.separate, &self.logs, &self.fresh, &charges, &self.faults)
+        checker::check(
+            plan.separate,
+            &self.logs,
+            &self.fresh,
+            &charges,
+            &self.faults,
+        )
     }
 }
 
@@ -92,7 +98,9 @@ pub async fn run(shared: &Shared, plan: &Plan) -> History {
         // its record (in the transactional mode: inside the open transaction).
         .env("PAYMENTS_HANDLER_DELAY_MS", 20)
         .env("PAYMENTS_DELAY_AFTER_CHARGE_MS", 100);
+    let begun = Instant::now();
     let fleet = Arc::new(Fleet::start(launch, 2).await);
+    let started = begun.elapsed();
     let sessions = sessions::Sessions::of(shared);
     let nemesis = Nemesis {
         fleet: fleet.clone(),
@@ -110,8 +118,10 @@ pub async fn run(shared: &Shared, plan: &Plan) -> History {
     let logs = clients
         .drive(fleet.clone(), Instant::now() + plan.duration)
         .await;
+    let driven = begun.elapsed();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let faults = faults.await.expect("the nemesis");
+    let healed = begun.elapsed();
 
     // No key stuck: with every fault healed, a fresh copy of each key gets its final answer
     // within a bound (a dead owner's lease, and some).
@@ -132,6 +142,12 @@ pub async fn run(shared: &Shared, plan: &Plan) -> History {
         .buffered(8)
         .collect()
         .await;
+    // Where a run's wall time goes, for whoever wants it shorter.
+    eprintln!(
+        "fault-harness: processes up at {started:?}, last key answered at {driven:?}, \
+         last fault healed at {healed:?}, fresh copies done at {:?}",
+        begun.elapsed()
+    );
     History {
         logs,
         fresh,

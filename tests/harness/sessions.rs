@@ -14,7 +14,10 @@ use crate::process::shared::Shared;
 /// The store server a run's processes talk to, seen from an admin connection.
 pub enum Sessions {
     Postgres(PgPool),
-    MySql { admin: MySqlPool, database: String },
+    MySql {
+        admin: MySqlPool,
+        database: String,
+    },
     Redis(redis::Client),
     /// SQLite: nothing to kill.
     None,
@@ -31,10 +34,14 @@ impl Sessions {
                 admin: admin.clone(),
                 database: database.clone(),
             },
-            Shared::Sqlite { .. } => match shared.env().iter().find(|(var, _)| var == "REDIS_URL") {
-                Some((_, url)) => Self::Redis(redis::Client::open(url.as_str()).expect("a Redis URL")),
-                None => Self::None,
-            },
+            Shared::Sqlite { .. } => {
+                match shared.env().iter().find(|(var, _)| var == "REDIS_URL") {
+                    Some((_, url)) => {
+                        Self::Redis(redis::Client::open(url.as_str()).expect("a Redis URL"))
+                    }
+                    None => Self::None,
+                }
+            }
         }
     }
 

@@ -38,7 +38,12 @@ fn socket_inodes(pid: u32) -> HashSet<String> {
     fds.filter_map(|fd| {
         let target = fs::read_link(fd.ok()?.path()).ok()?;
         let target = target.to_str()?;
-        Some(target.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        Some(
+            target
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .to_owned(),
+        )
     })
     .collect()
 }
