@@ -21,8 +21,6 @@
 mod harness;
 mod process;
 
-use std::sync::{Mutex, PoisonError};
-
 use bytes::Bytes;
 use harness::{
     checker::{self, Report},
@@ -30,15 +28,16 @@ use harness::{
 };
 use process::shared::Shared;
 
-/// One run at a time.
-static TURN: Mutex<()> = Mutex::new(());
+/// One run at a time (an async lock: the tests' runtimes differ, and it is held across
+/// awaits).
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs the harness on `shared`, prints its row and fails on what it found.
 async fn harness(shared: &Shared, separate: bool) -> (History, Plan) {
-    let _turn = TURN.lock().unwrap_or_else(PoisonError::into_inner);
+    let _turn = TURN.lock().await;
     let plan = Plan::from_env(separate);
     let history = harness::run(shared, &plan).await;
-    let report = history.check(&shared, &plan).await;
+    let report = history.check(shared, &plan).await;
     print_row(&report, shared, &plan);
     let failures = report.failures();
     assert!(
