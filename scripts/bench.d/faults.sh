@@ -27,7 +27,7 @@ bench_faults() {
 Two \`payments\` processes share one store; clients send every key twice at once, one copy
 to each process, and retry until a final answer (503, 409 in progress and connection errors
 are retried; a copy whose process is dead or silent switches to the other one). Meanwhile a
-nemesis injects one fault at a time, every 0.3 to 1.2 s, on a random process: \`kill\`
+nemesis injects one fault at a time, 0.3 to 1.2 s apart, on a random process: \`kill\`
 (SIGKILL, then a fresh process), \`pause\` (SIGSTOP for the 2 s lease and 0.3 to 1.5 s more,
 then SIGCONT), \`conn-kill\` (the server ends every store session of the processes:
 \`pg_terminate_backend\`, MariaDB \`KILL\`, Redis \`CLIENT KILL\`; only the example's
