@@ -1,0 +1,94 @@
+//! The two `payments` processes of a run, sharing one store: the clients find each one's
+//! current address here, and the nemesis kills, restarts, pauses and resumes them.
+
+use std::{
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use crate::process::{Http, Launch, Server};
+
+/// The processes of a run, by slot; a slot is empty while its process is being restarted.
+pub struct Fleet {
+    launch: Launch,
+    slots: Vec<Slot>,
+}
+
+struct Slot {
+    /// Held for the whole of a fault on this process, so two never overlap.
+    server: tokio::sync::Mutex<Option<Server>>,
+    /// The address clients use; `None` while the process is dead.
+    http: Mutex<Option<Http>>,
+}
+
+impl Fleet {
+    /// Starts `size` processes from `launch`, one after the other.
+    pub async fn start(launch: Launch, size: usize) -> Self {
+        let mut slots = Vec::with_capacity(size);
+        for _ in 0..size {
+            let server = launch.clone().start().await;
+            slots.push(Slot {
+                http: Mutex::new(Some(server.http())),
+                server: tokio::sync::Mutex::new(Some(server)),
+            });
+        }
+        Self { launch, slots }
+    }
+
+    pub fn size(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The client of process `slot`, unless it is dead right now.
+    pub fn http(&self, slot: usize) -> Option<Http> {
+        self.slots[slot]
+            .http
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The pids of the processes alive now.
+    pub async fn pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        for slot in &self.slots {
+            if let Some(server) = slot.server.lock().await.as_ref() {
+                pids.push(server.pid());
+            }
+        }
+        pids
+    }
+
+    /// SIGKILL of process `slot`, whatever it was doing, then a fresh process in its place.
+    pub async fn kill_and_restart(&self, slot: usize) {
+        let slot = &self.slots[slot];
+        let mut server = slot.server.lock().await;
+        *slot.http.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        if let Some(old) = server.take() {
+            old.kill_9().await;
+        }
+        let fresh = self.launch.clone().start().await;
+        *slot.http.lock().unwrap_or_else(PoisonError::into_inner) = Some(fresh.http());
+        *server = Some(fresh);
+    }
+
+    /// SIGSTOP of process `slot` for `pause`, then SIGCONT: alive to the kernel (its sockets
+    /// accept, its store sessions stay open), silent to everyone else.
+    pub async fn pause(&self, slot: usize, pause: Duration) {
+        let server = self.slots[slot].server.lock().await;
+        let Some(pid) = server.as_ref().map(Server::pid) else {
+            return;
+        };
+        signal("-STOP", pid);
+        tokio::time::sleep(pause).await;
+        signal("-CONT", pid);
+    }
+}
+
+fn signal(signal: &str, pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
