@@ -8,7 +8,7 @@
 //! fault explains (the mode's documented limit: an effect committed, its record not), and
 //! any lost, stuck or differing key. Prints one table row per run (`fault-harness-row:`).
 //!
-//! `FAULT_HARNESS_SECS` sets each run's seconds of new keys (default 15); the runs take
+//! `FAULT_HARNESS_SECS` sets each run's seconds of new keys (default 10); the runs take
 //! turns, as five at once would overload a small machine. `scripts/bench.d/faults.sh` runs
 //! them long.
 #![cfg(all(

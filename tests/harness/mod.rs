@@ -42,12 +42,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// `FAULT_HARNESS_SECS` seconds of new keys (default 15) in `mode`, with a 2 s lease.
+    /// `FAULT_HARNESS_SECS` seconds of new keys (default 10) in `mode`, with a 2 s lease.
     pub fn from_env(separate: bool) -> Self {
         let secs = std::env::var("FAULT_HARNESS_SECS")
             .ok()
             .and_then(|secs| secs.parse().ok())
-            .unwrap_or(15);
+            .unwrap_or(10);
         Self {
             separate,
             duration: Duration::from_secs(secs),
