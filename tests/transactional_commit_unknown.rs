@@ -17,6 +17,8 @@
 mod backends;
 #[path = "common/commit_answers.rs"]
 mod commit_answers;
+#[path = "common/effects_table.rs"]
+mod effects_table;
 #[path = "common/pg_effects.rs"]
 mod pg_effects;
 #[path = "common/proxy.rs"]

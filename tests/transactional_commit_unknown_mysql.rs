@@ -19,6 +19,8 @@
 mod backends;
 #[path = "common/commit_answers.rs"]
 mod commit_answers;
+#[path = "common/effects_table.rs"]
+mod effects_table;
 #[path = "common/proxy.rs"]
 mod proxy;
 
@@ -55,8 +57,7 @@ const NOT_COMMITTED: &str =
 type Parked = (u64, oneshot::Sender<()>);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mariadb_commit_whose_answer_is_lost_or_whose_session_is_killed_is_learned_by_the_retry(
-) {
+async fn a_mariadb_commit_lost_or_killed_is_answered_truthfully_and_learned_by_the_retry() {
     let Some(url) = backends::url_or_skip("TEST_MYSQL_URL") else {
         return;
     };
@@ -66,13 +67,7 @@ async fn a_mariadb_commit_whose_answer_is_lost_or_whose_session_is_killed_is_lea
     let options: MySqlConnectOptions = url.parse().expect("TEST_MYSQL_URL");
     let store = open(options.clone()).await;
     store.migrate().await.expect("migrate");
-    let table = format!("tx_unknown_{}", &Token::random().to_hex()[..12]);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {table} (k VARCHAR(255) NOT NULL)"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("create the effects table");
+    let table = effects_table::create(store.pool(), "tx_unknown").await;
 
     // Committed, answer lost.
     let proxy = Proxy::start(options.get_host(), options.get_port()).await;
@@ -141,13 +136,7 @@ async fn open(options: MySqlConnectOptions) -> MySqlStore {
 
 /// How many effects `table` holds for `key`.
 async fn effects(store: &MySqlStore, table: &str, key: &StoreKey) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {table} WHERE k = ?"
-    )))
-    .bind(key.key())
-    .fetch_one(store.pool())
-    .await
-    .expect("count effects")
+    effects_table::count(store.pool(), table, key).await
 }
 
 /// How many records `key` has in the store's table.

@@ -35,6 +35,7 @@ pub async fn send(
 
 /// Asserts the answer is a 503 problem of `problem_type` with a `Retry-After` of at least
 /// one second, and returns its `detail`.
+#[track_caller]
 pub fn assert_retryable_503(
     (status, headers, body): &(StatusCode, HeaderMap, Bytes),
     problem_type: &str,
