@@ -24,7 +24,7 @@ mod effects_table;
 #[path = "common/proxy.rs"]
 mod proxy;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::{
     http::{HeaderMap, StatusCode},
@@ -75,7 +75,14 @@ async fn a_mariadb_commit_lost_or_killed_is_answered_truthfully_and_learned_by_t
     let key = StoreKey::new("tx-unknown", Token::random().to_hex());
     let (app, _) = route(&proxied, &table);
     proxy.hush_after(b"COMMIT", CUT_AFTER);
+    let started = Instant::now();
     let answer = send(app.clone(), key.key().to_owned(), None).await;
+    // The store time limit also answers `outcome-unknown`: tell that cause from the cut.
+    assert!(
+        started.elapsed() < STORE_TIMEOUT,
+        "the answer came after {:?}: from the store time limit, not from the cut",
+        started.elapsed()
+    );
     proxy.wait_hushed(Duration::from_secs(1)).await;
     let detail = assert_retryable_503(&answer, "urn:tower-idempotency:outcome-unknown");
     assert!(
