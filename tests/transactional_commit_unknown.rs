@@ -31,22 +31,17 @@ use axum::{
     routing::post,
     Router,
 };
-use commit_answers::{assert_retryable_503, counter, OUTCOME_UNKNOWN};
+use commit_answers::{assert_retryable_503, counter, OUTCOME_UNKNOWN, STORE_TIMEOUT};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use proxy::Proxy;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
 use tower_idempotency::{
-    store::PostgresStore,
-    transactional::{Transactional, Tx},
-    IdempotencyLayer, StoreKey, Token,
+    store::PostgresStore, transactional::Tx, IdempotencyLayer, StoreKey, Token,
 };
 
 /// How long the trigger sleeps in the owner's `COMMIT`: far longer than the kill takes.
 const COMMIT_SLEEP_SECS: u32 = 20;
-/// The engine's time limit on the commit, set (not left to the default) so that the test
-/// can tell an answer caused by the kill from one caused by the limit.
-const STORE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_learns_it() {
@@ -141,11 +136,7 @@ async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_
 
 /// How many records `key` has in the store's table.
 async fn records(store: &PostgresStore, key: &StoreKey) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM tower_idempotency_records WHERE key = $1")
-        .bind(key.key())
-        .fetch_one(store.pool())
-        .await
-        .expect("count records")
+    effects_table::count_rows(store.pool(), "tower_idempotency_records", "key", key).await
 }
 
 /// A store on the same database as `store`, whose connections pass through a proxy.
@@ -244,12 +235,8 @@ fn route(
             (StatusCode::CREATED, "charged")
         }
     };
-    let engine = tower_idempotency::Engine::builder(store.clone())
-        .store_timeout(STORE_TIMEOUT)
-        .build()
-        .expect("valid timings");
     let scope = "tx-unknown".to_owned();
-    let layer = IdempotencyLayer::transactional(Transactional::with_engine(store.clone(), engine))
+    let layer = IdempotencyLayer::transactional(commit_answers::transactional(store))
         .require_key()
         .scope_with(move |_| scope.clone());
     (

@@ -31,20 +31,13 @@ use axum::{
     routing::post,
     Router,
 };
-use commit_answers::{assert_retryable_503, counter, send, OUTCOME_UNKNOWN};
+use commit_answers::{assert_retryable_503, counter, send, OUTCOME_UNKNOWN, STORE_TIMEOUT};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use proxy::Proxy;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use tokio::sync::{mpsc, oneshot};
-use tower_idempotency::{
-    store::MySqlStore,
-    transactional::{Transactional, Tx},
-    IdempotencyLayer, StoreKey, Token,
-};
+use tower_idempotency::{store::MySqlStore, transactional::Tx, IdempotencyLayer, StoreKey, Token};
 
-/// The engine's time limit on store calls, set so that an answer caused by the limit
-/// (5 s) cannot pass for one caused by the fault (well under a second).
-const STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the proxy keeps the hushed connection open after forwarding the `COMMIT`:
 /// ample for a local server to commit, short for the test.
 const CUT_AFTER: Duration = Duration::from_millis(200);
@@ -143,16 +136,12 @@ async fn open(options: MySqlConnectOptions) -> MySqlStore {
 
 /// How many effects `table` holds for `key`.
 async fn effects(store: &MySqlStore, table: &str, key: &StoreKey) -> i64 {
-    effects_table::count(store.pool(), table, key).await
+    effects_table::count_rows(store.pool(), table, "k", key).await
 }
 
 /// How many records `key` has in the store's table.
 async fn records(store: &MySqlStore, key: &StoreKey) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM tower_idempotency_records WHERE `key` = ?")
-        .bind(key.key())
-        .fetch_one(store.pool())
-        .await
-        .expect("count records")
+    effects_table::count_rows(store.pool(), "tower_idempotency_records", "`key`", key).await
 }
 
 /// A transactional route whose handler writes one effect row for the request's key and
@@ -184,11 +173,7 @@ fn route(store: &MySqlStore, table: &str) -> (Router, mpsc::UnboundedReceiver<Pa
             (StatusCode::CREATED, "charged")
         }
     };
-    let engine = tower_idempotency::Engine::builder(store.clone())
-        .store_timeout(STORE_TIMEOUT)
-        .build()
-        .expect("valid timings");
-    let layer = IdempotencyLayer::transactional(Transactional::with_engine(store.clone(), engine))
+    let layer = IdempotencyLayer::transactional(commit_answers::transactional(store))
         .require_key()
         .scope_with(|_| "tx-unknown".to_owned());
     (Router::new().route("/", post(handler)).layer(layer), parked)

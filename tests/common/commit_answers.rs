@@ -1,6 +1,9 @@
-//! What the commit-outcome tests share: one keyed request to a router, the check of the
-//! `outcome-unknown` answer, and a counter read from the Prometheus rendering.
+//! What the commit-outcome tests share: the transactional mode under test, one keyed
+//! request to a router, the check of a retryable 503 answer, and a counter read from the
+//! Prometheus rendering.
 #![allow(dead_code)]
+
+use std::time::Duration;
 
 use axum::{
     body::{to_bytes, Body},
@@ -9,10 +12,27 @@ use axum::{
 };
 use bytes::Bytes;
 use tower::ServiceExt;
+use tower_idempotency::{
+    transactional::{Transactional, TransactionalStore},
+    Engine,
+};
+
+/// The engine's time limit on store calls, set (not left to the default) so that a test can
+/// tell an answer caused by the limit from one caused by its fault.
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The series a dashboard reads for the `outcome-unknown` answer.
 pub const OUTCOME_UNKNOWN: &str =
     "idempotency_requests_total{outcome=\"rejected\",reason=\"outcome_unknown\"}";
+
+/// The transactional mode on `store`, with [`STORE_TIMEOUT`].
+pub fn transactional<S: TransactionalStore>(store: &S) -> Transactional<S> {
+    let engine = Engine::builder(store.clone())
+        .store_timeout(STORE_TIMEOUT)
+        .build()
+        .expect("valid timings");
+    Transactional::with_engine(store.clone(), engine)
+}
 
 /// Sends one keyed `POST /`, with `extra` as one more header when given.
 pub async fn send(

@@ -20,8 +20,14 @@ where
     table
 }
 
-/// How many effects `table` holds for `key`.
-pub async fn count<DB: sqlx::Database>(pool: &sqlx::Pool<DB>, table: &str, key: &StoreKey) -> i64
+/// How many rows of `table` have `column` equal to `key`'s key: `k` for the effects of
+/// [`create`]; `column` as the SQL names it (MariaDB wants the records' `` `key` `` quoted).
+pub async fn count_rows<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    table: &str,
+    column: &str,
+    key: &StoreKey,
+) -> i64
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
@@ -32,10 +38,10 @@ where
     // PostgreSQL numbers its placeholders; MariaDB and SQLite take `?`.
     let placeholder = if DB::NAME == "PostgreSQL" { "$1" } else { "?" };
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {table} WHERE k = {placeholder}"
+        "SELECT COUNT(*) FROM {table} WHERE {column} = {placeholder}"
     )))
     .bind(key.key().to_owned())
     .fetch_one(pool)
     .await
-    .expect("count effects")
+    .expect("count rows")
 }

@@ -26,5 +26,5 @@ pub async fn store_and_table(connections: u32, prefix: &str) -> Option<(Postgres
 
 /// How many effects `table` holds for `key`.
 pub async fn effects(store: &PostgresStore, table: &str, key: &StoreKey) -> i64 {
-    effects_table::count(store.pool(), table, key).await
+    effects_table::count_rows(store.pool(), table, "k", key).await
 }
