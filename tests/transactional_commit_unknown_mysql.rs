@@ -11,6 +11,10 @@
 //!   inside the transaction. Nothing commits (the record's `UPDATE` fails before any
 //!   `COMMIT` is sent), so the answer is `not-committed`, and the retry runs once.
 //!
+//! Not covered: a `KILL` that lands while the server runs the `COMMIT` itself (MariaDB error
+//! 1927, read as outcome-unknown by `src/transactional/unknown.rs`). A local MariaDB without
+//! a binary log commits too fast to be caught there, and it has no commit-time trigger.
+//!
 //! One test in a binary of its own: it installs the global metrics recorder.
 
 #![cfg(all(feature = "mysql", feature = "axum", feature = "metrics"))]
@@ -42,6 +46,7 @@ use tower_idempotency::{store::MySqlStore, transactional::Tx, IdempotencyLayer, 
 /// ample for a local server to commit, short for the test.
 const CUT_AFTER: Duration = Duration::from_millis(200);
 
+/// The series of the `not-committed` answer.
 const NOT_COMMITTED: &str =
     "idempotency_requests_total{outcome=\"rejected\",reason=\"not_committed\"}";
 
