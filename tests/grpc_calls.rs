@@ -4,6 +4,8 @@
 
 #[path = "common/backends.rs"]
 mod backends;
+#[path = "common/effects_table.rs"]
+mod effects_table;
 #[path = "common/grpc_metadata.rs"]
 mod grpc_metadata;
 #[path = "common/pg_effects.rs"]

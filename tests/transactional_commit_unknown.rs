@@ -15,6 +15,10 @@
 
 #[path = "common/backends.rs"]
 mod backends;
+#[path = "common/commit_answers.rs"]
+mod commit_answers;
+#[path = "common/effects_table.rs"]
+mod effects_table;
 #[path = "common/pg_effects.rs"]
 mod pg_effects;
 #[path = "common/proxy.rs"]
@@ -23,32 +27,21 @@ mod proxy;
 use std::time::{Duration, Instant};
 
 use axum::{
-    body::{to_bytes, Body},
-    http::{header, HeaderMap, Request, StatusCode},
+    http::{HeaderMap, StatusCode},
     routing::post,
     Router,
 };
-use bytes::Bytes;
+use commit_answers::{assert_retryable_503, counter, OUTCOME_UNKNOWN, STORE_TIMEOUT};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use proxy::Proxy;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::mpsc;
-use tower::ServiceExt;
 use tower_idempotency::{
-    store::PostgresStore,
-    transactional::{Transactional, Tx},
-    IdempotencyLayer, StoreKey, Token,
+    store::PostgresStore, transactional::Tx, IdempotencyLayer, StoreKey, Token,
 };
 
 /// How long the trigger sleeps in the owner's `COMMIT`: far longer than the kill takes.
 const COMMIT_SLEEP_SECS: u32 = 20;
-/// The engine's time limit on the commit, set (not left to the default) so that the test
-/// can tell an answer caused by the kill from one caused by the limit.
-const STORE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The series a dashboard reads for this answer.
-const OUTCOME_UNKNOWN: &str =
-    "idempotency_requests_total{outcome=\"rejected\",reason=\"outcome_unknown\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_learns_it() {
@@ -78,24 +71,14 @@ async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_
         .await
         .expect("terminate the owner's backend");
     assert!(terminated, "the owner's backend {pid} was not terminated");
-    let (status, headers, body) = first.await.expect("the first request's task");
+    let answer = first.await.expect("the first request's task");
     assert!(
         started.elapsed() < STORE_TIMEOUT / 2,
         "the answer came after {:?}: from the store time limit, not from the kill",
         started.elapsed()
     );
 
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
-    let retry_after = headers
-        .get(header::RETRY_AFTER)
-        .expect("a Retry-After header")
-        .to_str()
-        .unwrap();
-    assert!(retry_after.parse::<u64>().unwrap() >= 1, "{retry_after}");
-    let problem: serde_json::Value = serde_json::from_slice(&body).expect("problem+json");
-    assert_eq!(problem["type"], "urn:tower-idempotency:outcome-unknown");
-    assert_eq!(problem["status"], 503);
-    let detail = problem["detail"].as_str().unwrap();
+    let detail = assert_retryable_503(&answer, "urn:tower-idempotency:outcome-unknown");
     assert!(
         detail.contains("outcome unknown; retry with the same key"),
         "{detail}"
@@ -134,10 +117,8 @@ async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_
     let pid = pids.recv().await.expect("the slow handler's backend");
     sleeping_in_commit(&store, pid).await;
     proxy.cut();
-    let (status, _, body) = first.await.expect("the first request's task");
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body:?}");
-    let problem: serde_json::Value = serde_json::from_slice(&body).expect("problem+json");
-    assert_eq!(problem["type"], "urn:tower-idempotency:outcome-unknown");
+    let answer = first.await.expect("the first request's task");
+    assert_retryable_503(&answer, "urn:tower-idempotency:outcome-unknown");
     assert_eq!(counter(&metrics.render(), OUTCOME_UNKNOWN), 2);
     // The server finishes the sleep and commits: effect and record, together.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -155,11 +136,7 @@ async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_
 
 /// How many records `key` has in the store's table.
 async fn records(store: &PostgresStore, key: &StoreKey) -> i64 {
-    sqlx::query_scalar("SELECT COUNT(*) FROM tower_idempotency_records WHERE key = $1")
-        .bind(key.key())
-        .fetch_one(store.pool())
-        .await
-        .expect("count records")
+    effects_table::count_rows(store.pool(), "tower_idempotency_records", "key", key).await
 }
 
 /// A store on the same database as `store`, whose connections pass through a proxy.
@@ -258,12 +235,8 @@ fn route(
             (StatusCode::CREATED, "charged")
         }
     };
-    let engine = tower_idempotency::Engine::builder(store.clone())
-        .store_timeout(STORE_TIMEOUT)
-        .build()
-        .expect("valid timings");
     let scope = "tx-unknown".to_owned();
-    let layer = IdempotencyLayer::transactional(Transactional::with_engine(store.clone(), engine))
+    let layer = IdempotencyLayer::transactional(commit_answers::transactional(store))
         .require_key()
         .scope_with(move |_| scope.clone());
     (
@@ -273,24 +246,10 @@ fn route(
 }
 
 /// Sends one keyed request; `slow`: the seconds its commit sleeps in the trigger.
-async fn send(app: Router, key: String, slow: Option<u32>) -> (StatusCode, HeaderMap, Bytes) {
-    let mut request = Request::post("/").header("idempotency-key", key);
-    if let Some(secs) = slow {
-        request = request.header("x-slow", secs);
-    }
-    let response = app
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let (parts, body) = response.into_parts();
-    let body = to_bytes(body, usize::MAX).await.unwrap();
-    (parts.status, parts.headers, body)
-}
-
-/// The value of `series` in a Prometheus text rendering; 0 when absent.
-fn counter(rendered: &str, series: &str) -> u64 {
-    rendered
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0)
+async fn send(
+    app: Router,
+    key: String,
+    slow: Option<u32>,
+) -> (StatusCode, HeaderMap, bytes::Bytes) {
+    commit_answers::send(app, key, slow.map(|secs| ("x-slow", secs.to_string()))).await
 }

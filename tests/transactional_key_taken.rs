@@ -8,6 +8,8 @@
 
 #[path = "common/backends.rs"]
 mod backends;
+#[path = "common/effects_table.rs"]
+mod effects_table;
 #[path = "common/pg_effects.rs"]
 mod pg_effects;
 

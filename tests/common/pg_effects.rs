@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use sqlx::postgres::PgPoolOptions;
-use tower_idempotency::{store::PostgresStore, StoreKey, Token};
+use tower_idempotency::{store::PostgresStore, StoreKey};
 
-use super::backends;
+use super::{backends, effects_table};
 
 /// A migrated store on a pool of `connections`, and a new effects table named
 /// `{prefix}_<random>`; `None` (skip) without `TEST_POSTGRES_URL`.
@@ -20,23 +20,11 @@ pub async fn store_and_table(connections: u32, prefix: &str) -> Option<(Postgres
         .expect("TEST_POSTGRES_URL is set but unreachable");
     let store = PostgresStore::new(pool);
     store.migrate().await.expect("migrate");
-    let table = format!("{prefix}_{}", &Token::random().to_hex()[..12]);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE {table} (k TEXT NOT NULL)"
-    )))
-    .execute(store.pool())
-    .await
-    .expect("create the effects table");
+    let table = effects_table::create(store.pool(), prefix).await;
     Some((store, table))
 }
 
 /// How many effects `table` holds for `key`.
 pub async fn effects(store: &PostgresStore, table: &str, key: &StoreKey) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {table} WHERE k = $1"
-    )))
-    .bind(key.key())
-    .fetch_one(store.pool())
-    .await
-    .expect("count effects")
+    effects_table::count_rows(store.pool(), table, "k", key).await
 }

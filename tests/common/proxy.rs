@@ -12,6 +12,10 @@
 //!   in each direction before it is written on (stamped when read, so bytes that arrive in a
 //!   burst are not delayed once per chunk). [`Proxy::start_on`] binds a given address, for a
 //!   proxy that a process in another network namespace reaches over a veth link.
+//! - [`Proxy::hush_after`] plays an answer lost on the way back: once a client→server chunk
+//!   containing the given bytes (say `b"COMMIT"`) is forwarded, its connection passes nothing
+//!   more server→client and is shut down a moment later. The server acts on the statement;
+//!   the client never hears how it went.
 //! - Connections turned away while cut are counted, so a test can prove that the client really
 //!   tried (and failed) to reach the store, rather than trusting a timing.
 #![allow(dead_code)]
@@ -21,7 +25,7 @@ use std::{
     io,
     net::{Shutdown, SocketAddr},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
     },
     time::Duration,
@@ -54,6 +58,16 @@ struct Inner {
     flowing: watch::Sender<bool>,
     /// Added latency per direction, in milliseconds (0: none).
     delay_ms: AtomicU64,
+    /// The armed [`Proxy::hush_after`], if any: taken by the first chunk that matches it.
+    hush: Mutex<Option<Hush>>,
+    /// Signalled when a hush fires.
+    hushed: Notify,
+}
+
+/// What [`Proxy::hush_after`] waits for, and how long the hushed connection stays open.
+struct Hush {
+    pattern: Vec<u8>,
+    cut_after: Duration,
 }
 
 #[derive(Default)]
@@ -82,6 +96,8 @@ impl Proxy {
             turned_away: Notify::new(),
             flowing: watch::Sender::new(true),
             delay_ms: AtomicU64::new(0),
+            hush: Mutex::new(None),
+            hushed: Notify::new(),
         });
         tokio::spawn(accept_loop(listener, inner.clone()));
         Proxy { inner, addr }
@@ -98,10 +114,7 @@ impl Proxy {
         let mut state = self.inner.lock();
         state.cut = true;
         for (_, sockets) in state.live.drain() {
-            for socket in sockets {
-                // Already closed by the peer is fine: it is down either way.
-                let _ = socket.shutdown(Shutdown::Both);
-            }
+            shut_down(sockets);
         }
     }
 
@@ -122,6 +135,33 @@ impl Proxy {
     pub fn delay(&self, one_way: Duration) {
         let ms = u64::try_from(one_way.as_millis()).unwrap_or(u64::MAX);
         self.inner.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Arms a one-shot fault: the first client→server chunk (from now on) containing
+    /// `pattern` is forwarded, but nothing the server sends back on that connection is, and
+    /// the connection is shut down `cut_after` later. Other connections are unaffected.
+    pub fn hush_after(&self, pattern: &[u8], cut_after: Duration) {
+        *self.inner.hush_slot() = Some(Hush {
+            pattern: pattern.to_vec(),
+            cut_after,
+        });
+    }
+
+    /// Waits until the armed [`hush_after`](Self::hush_after) has fired; panics after `limit`.
+    pub async fn wait_hushed(&self, limit: Duration) {
+        let waited = tokio::time::timeout(limit, async {
+            loop {
+                let notified = self.inner.hushed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.inner.hush_slot().is_none() {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "no matching chunk crossed within {limit:?}");
     }
 
     /// How many connections were turned away while cut.
@@ -156,6 +196,34 @@ impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Shuts down the live connection `id`, if it still is.
+    fn shut_down(&self, id: u64) {
+        let sockets = self.lock().live.remove(&id);
+        if let Some(sockets) = sockets {
+            shut_down(sockets);
+        }
+    }
+
+    fn hush_slot(&self) -> std::sync::MutexGuard<'_, Option<Hush>> {
+        self.hush.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The armed hush's delay if `chunk` fires it (disarming it), `None` otherwise.
+    fn fires_hush(&self, chunk: &[u8]) -> Option<Duration> {
+        let mut slot = self.hush_slot();
+        let hush = slot.as_ref()?;
+        let fires = chunk
+            .windows(hush.pattern.len().max(1))
+            .any(|window| window == hush.pattern.as_slice());
+        if !fires {
+            return None;
+        }
+        let cut_after = slot.take()?.cut_after;
+        drop(slot);
+        self.hushed.notify_waiters();
+        Some(cut_after)
+    }
 }
 
 async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
@@ -170,6 +238,14 @@ async fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
             continue;
         }
         tokio::spawn(forward(client, inner.clone()));
+    }
+}
+
+/// Shuts down both sockets of a forwarded connection; the pumps then see it closed.
+fn shut_down(sockets: [std::net::TcpStream; 2]) {
+    for socket in sockets {
+        // Already closed by the peer is fine: it is down either way.
+        let _ = socket.shutdown(Shutdown::Both);
     }
 }
 
@@ -189,9 +265,15 @@ async fn forward(client: TcpStream, inner: Arc<Inner>) {
     };
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
+    let hushed = AtomicBool::new(false);
+    let connection = Connection {
+        inner: &inner,
+        id,
+        hushed: &hushed,
+    };
     tokio::join!(
-        pump(client_read, server_write, &inner),
-        pump(server_read, client_write, &inner),
+        pump(client_read, server_write, connection, Direction::ToServer),
+        pump(server_read, client_write, connection, Direction::ToClient),
     );
     inner.lock().live.remove(&id);
 }
@@ -199,7 +281,13 @@ async fn forward(client: TcpStream, inner: Arc<Inner>) {
 /// Copies one direction until either side closes, holding the bytes while stalled. Reading
 /// and writing are split by a queue of chunks stamped with their delivery time, so a delay
 /// holds each chunk for the delay after it was read, not once more per chunk queued before it.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, inner: &Inner) {
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    connection: Connection<'_>,
+    direction: Direction,
+) {
+    let inner = connection.inner;
     let mut flowing = inner.flowing.subscribe();
     let (queue, mut queued) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let read = async move {
@@ -225,6 +313,9 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, inner: &Inner) {
     let write = async move {
         while let Some((at, chunk)) = queued.recv().await {
             tokio::time::sleep_until(at).await;
+            if !connection.passes(direction, &chunk) {
+                continue;
+            }
             if to.write_all(&chunk).await.is_err() {
                 break;
             }
@@ -233,6 +324,46 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, inner: &Inner) {
         let _ = to.shutdown().await;
     };
     tokio::join!(read, write);
+}
+
+/// Which way a pump copies.
+#[derive(Clone, Copy)]
+enum Direction {
+    ToServer,
+    ToClient,
+}
+
+/// What both pumps of one forwarded connection share.
+#[derive(Clone, Copy)]
+struct Connection<'a> {
+    inner: &'a Arc<Inner>,
+    /// The connection's entry in [`State::live`].
+    id: u64,
+    /// Set once a [`Proxy::hush_after`] fired on this connection: nothing more reaches the
+    /// client.
+    hushed: &'a AtomicBool,
+}
+
+impl Connection<'_> {
+    /// Whether `chunk` is to be written on. A chunk to the server that fires the armed hush
+    /// is, but hushes the connection first (before the server can answer it) and schedules
+    /// its shutdown; a chunk to a hushed client is dropped.
+    fn passes(&self, direction: Direction, chunk: &[u8]) -> bool {
+        match direction {
+            Direction::ToClient => !self.hushed.load(Ordering::SeqCst),
+            Direction::ToServer => {
+                if let Some(cut_after) = self.inner.fires_hush(chunk) {
+                    self.hushed.store(true, Ordering::SeqCst);
+                    let (inner, id) = (self.inner.clone(), self.id);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(cut_after).await;
+                        inner.shut_down(id);
+                    });
+                }
+                true
+            }
+        }
+    }
 }
 
 /// Records the connection's sockets so `cut` can reach them — unless a cut came first, in
