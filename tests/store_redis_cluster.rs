@@ -168,7 +168,7 @@ async fn failovers(fault: Fault, base_port: u16) {
     }
     let _turn = ONE_AT_A_TIME.lock().await;
     let mut figures = Vec::new();
-    for mode in [Mode::ReplicaWait, Mode::NoWait] {
+    for mode in [Mode::NoWait, Mode::ReplicaWait] {
         let Some(result) = failover::run(mode, fault, base_port).await else {
             return;
         };

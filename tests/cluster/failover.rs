@@ -350,9 +350,6 @@ pub async fn run(mode: Mode, fault: Fault, base_port: u16) -> Option<Figures> {
             .iter()
             .any(|&(low, high)| (low..=high).contains(&slot));
         let ran = runs.get(&outcome.key).copied().unwrap_or(0);
-        if !outcome.created && std::env::var("FAILOVER_DEBUG").is_ok() {
-            eprintln!("DEBUG on_victim={on_victim} started={:?} after fault, promoted at {:?}: {:?}", outcome.started - faulted_at, promoted_at - faulted_at, outcome.statuses);
-        }
         figures.keys_on_victim += usize::from(on_victim);
         figures.keys_errored +=
             usize::from(outcome.statuses.contains(&StatusCode::SERVICE_UNAVAILABLE));

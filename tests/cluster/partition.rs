@@ -50,8 +50,26 @@ impl Partition {
         let victim_port = victim.to_string();
         let rules: [&[&str]; 6] = [
             // The victim's own bus links to its peers, and their answers.
-            &["-s", &victim_src, "-p", "tcp", "-m", "multiport", "--dports", &buses],
-            &["-d", &victim_src, "-p", "tcp", "-m", "multiport", "--sports", &buses],
+            &[
+                "-s",
+                &victim_src,
+                "-p",
+                "tcp",
+                "-m",
+                "multiport",
+                "--dports",
+                &buses,
+            ],
+            &[
+                "-d",
+                &victim_src,
+                "-p",
+                "tcp",
+                "-m",
+                "multiport",
+                "--sports",
+                &buses,
+            ],
             // The peers' bus links to the victim, and its answers.
             &["-p", "tcp", "--dport", &victim_bus],
             &["-p", "tcp", "--sport", &victim_bus],
