@@ -93,6 +93,10 @@ pub struct Figures {
     /// Keys in the victim master's slots, started after the promotion, that got their 201:
     /// proof that the store follows the failover.
     pub victim_keys_served_after_promotion: usize,
+    /// Keys started once the returned victim was in sync as the new replica that got their
+    /// 201 from one run: proof that the store survives the victim's return (its demotion
+    /// closes its client connections) on every master, not only in the first moments.
+    pub keys_served_after_resync: usize,
     pub failover_took: Duration,
     /// From the promotion until the restarted victim was in sync as the new replica.
     pub healing_took: Duration,
@@ -108,6 +112,10 @@ impl Figures {
         assert!(
             self.victim_keys_served_after_promotion > 0,
             "the store never reached the promoted replica: {self}"
+        );
+        assert!(
+            self.keys_served_after_resync > 0,
+            "the store served no key once the victim was back in sync: {self}"
         );
         assert_eq!(
             self.ran_twice_elsewhere, 0,
@@ -128,7 +136,8 @@ impl fmt::Display for Figures {
             f,
             "failover {:?} {:?}: {} keys, {} on the victim master; errored (503) {}, ran \
              twice {} ({} elsewhere), never ran {}, no 201 within {:?}: {}; failover took \
-             {:?}, the new replica synced {:?} later; {} victim keys served after promotion",
+             {:?}, the new replica synced {:?} later; {} victim keys served after promotion, \
+             {} keys served once it was in sync",
             self.fault,
             self.mode,
             self.keys,
@@ -142,6 +151,7 @@ impl fmt::Display for Figures {
             self.failover_took,
             self.healing_took,
             self.victim_keys_served_after_promotion,
+            self.keys_served_after_resync,
         )
     }
 }
@@ -149,11 +159,11 @@ impl fmt::Display for Figures {
 /// The closing-note table: one row per mode.
 pub fn table(figures: &[Figures]) -> String {
     let mut out = String::from(
-        "| victim master | mode | keys | on the victim | keys errored (503) | keys ran twice | no 201 in 10 s | failover | replica back in sync |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| victim master | mode | keys | on the victim | keys errored (503) | keys ran twice | no 201 in 10 s | served after resync | failover | replica back in sync |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for f in figures {
         out.push_str(&format!(
-            "| {:?} | {:?} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |\n",
+            "| {:?} | {:?} | {} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |\n",
             f.fault,
             f.mode,
             f.keys,
@@ -161,6 +171,7 @@ pub fn table(figures: &[Figures]) -> String {
             f.keys_errored,
             f.keys_ran_twice,
             f.keys_without_201,
+            f.keys_served_after_resync,
             f.failover_took.as_secs_f64(),
             f.healing_took.as_secs_f64()
         ));
@@ -340,6 +351,7 @@ pub async fn run(mode: Mode, fault: Fault, base_port: u16) -> Option<Figures> {
         keys_never_ran: 0,
         keys_without_201: 0,
         victim_keys_served_after_promotion: 0,
+        keys_served_after_resync: 0,
         failover_took: promoted_at - faulted_at,
         healing_took: healed_at - promoted_at,
     };
@@ -359,6 +371,8 @@ pub async fn run(mode: Mode, fault: Fault, base_port: u16) -> Option<Figures> {
         figures.keys_without_201 += usize::from(!outcome.created);
         figures.victim_keys_served_after_promotion +=
             usize::from(on_victim && outcome.started > promoted_at && outcome.created && ran == 1);
+        figures.keys_served_after_resync +=
+            usize::from(outcome.started > healed_at && outcome.created && ran == 1);
     }
     Some(figures)
 }

@@ -35,9 +35,11 @@ const BACKEND: &str = "redis";
 /// it runs over a [`ConnectionManager`] that reconnects by itself: when the server comes back
 /// after an outage, the same store works again without a restart. On a cluster it runs over
 /// redis-rs's cluster connection, which follows `MOVED`/`ASK` redirects; after an operation
-/// failed for a lost node, the store replaces that connection with one built on the current
+/// failed for a lost node, or was abandoned by its caller (the engine's store timeout) after
+/// waiting a second or more, the store replaces that connection with one built on the current
 /// slot map, so it finds the promoted replica after a failover (redis-rs 0.32 would keep
-/// dialling the dead master). Clones share the connection.
+/// dialling the dead master) and recovers when redis-rs 1.8's connection stalls as a
+/// partitioned master returns as a replica. Clones share the connection.
 ///
 /// ```no_run
 /// use tower_idempotency::store::RedisStore;
