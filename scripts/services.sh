@@ -100,6 +100,8 @@ redis_cluster_ok() {
 
 ensure_redis_cluster() {
   command -v redis-server >/dev/null || apt_install redis-server
+  # the failover tests partition a node of their own cluster with iptables
+  command -v iptables >/dev/null || apt_install iptables
   if ! redis_cluster_ok; then
     local port started=""
     for port in $REDIS_CLUSTER_PORTS; do

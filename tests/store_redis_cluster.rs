@@ -3,15 +3,19 @@
 //!
 //! `TEST_REDIS_CLUSTER_URLS` lists the nodes of the shared cluster, comma-separated
 //! (`scripts/services.sh` starts one on 127.0.0.1:7000-7005); without it these tests are
-//! skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`. The failover test starts and kills a cluster
-//! of its own (127.0.0.1:7100-7105), so the shared one survives it.
+//! skipped, unless `TEST_REQUIRE_ALL_BACKENDS=1`. The failover tests start and kill (or
+//! partition, with iptables) a cluster of their own (127.0.0.1:7100-7105 and 7110-7115), so
+//! the shared one survives them.
 
 mod cluster;
 mod conformance;
 
 use std::{sync::Arc, sync::OnceLock, time::Duration};
 
-use cluster::failover::{self, Mode};
+use cluster::{
+    failover::{self, Fault, Mode},
+    partition::Partition,
+};
 use redis::AsyncCommands;
 use tower_idempotency::{
     store::{RedisStore, Store, StoreError},
@@ -136,12 +140,36 @@ async fn records_spread_over_every_master() {
 /// `tests/cluster/failover.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failover_during_a_storm() {
+    failovers(Fault::Kill, 7100).await;
+}
+
+/// The same storm, with the master cut from its replica and its peers (clients still reach
+/// it) until a second after its replica was promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitioned_master_during_a_storm() {
+    if !Partition::available() {
+        assert!(
+            !conformance::require_all(),
+            "iptables cannot be run (root and the iptables package are needed) but \
+             TEST_REQUIRE_ALL_BACKENDS=1"
+        );
+        eprintln!("skipped: iptables cannot be run");
+        return;
+    }
+    failovers(Fault::Partition, 7110).await;
+}
+
+/// Runs the storm without and with the replica wait, one cluster at a time: two clusters
+/// and their storms at once on two cores would slow the failovers they measure.
+async fn failovers(fault: Fault, base_port: u16) {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     if cluster_urls().is_none() {
         return;
     }
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut figures = Vec::new();
     for mode in [Mode::NoWait, Mode::ReplicaWait] {
-        let Some(result) = failover::run(mode, 7100).await else {
+        let Some(result) = failover::run(mode, fault, base_port).await else {
             return;
         };
         println!("{result}");

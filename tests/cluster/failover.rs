@@ -1,14 +1,15 @@
-//! A master dies (SIGKILL) during a storm of idempotent requests; a replica takes over. Counts
-//! per key how often the handler ran and what the clients saw, with and without the replica
-//! wait.
+//! A master dies (SIGKILL), or is partitioned from its replica and its peers while clients
+//! still reach it, during a storm of idempotent requests; a replica takes over. Counts per
+//! key how often the handler ran and what the clients saw, with and without the replica wait.
 //!
 //! Two layers, each over its own cluster connection, stand for two service instances (within
 //! one instance a duplicate would be held back in memory and never reach the store). Every
 //! key gets two clients, one per instance, 20 ms apart; each retries a 409 (after 50 ms) or a
 //! 503 (after its 1 s `Retry-After`) until it
-//! gets its 201. New keys start every 20 ms; the victim master is killed after one second.
-//! Once its replica was promoted, the victim is started again (as an orchestrator would) and
-//! rejoins as the new master's replica; the storm goes on until a second after it is in sync.
+//! gets its 201. New keys start every 20 ms; the victim master is faulted after one second.
+//! Once its replica was promoted, a killed victim is started again (as an orchestrator would),
+//! a partitioned one is let through again a second later; either rejoins as the new master's
+//! replica, and the storm goes on until a second after it is in sync.
 
 use std::{
     collections::HashMap,
@@ -28,9 +29,12 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tower_idempotency::{store::RedisStore, Engine, IdempotencyLayer, InProgressPolicy};
 
-use super::{in_sync_as_replica, role, slot_of, Cluster};
+use super::{in_sync_as_replica, partition::Partition, role, slot_of, Cluster};
 
-const KILL_AFTER: Duration = Duration::from_secs(1);
+const FAULT_AFTER: Duration = Duration::from_secs(1);
+/// How long a partition outlasts the promotion: past the isolated master's own node timeout,
+/// after which it refuses writes by itself.
+const PARTITION_AFTER_PROMOTION: Duration = Duration::from_secs(1);
 const STORM_AFTER_HEALING: Duration = Duration::from_secs(1);
 /// A failover that has not happened by then fails the test.
 const FAILOVER_PATIENCE: Duration = Duration::from_secs(30);
@@ -49,6 +53,16 @@ pub enum Mode {
     ReplicaWait,
 }
 
+/// What happens to the victim master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL, then a restart once its replica was promoted.
+    Kill,
+    /// Cut from its peers and its replica (clients still reach it), healed a second after
+    /// its replica was promoted.
+    Partition,
+}
+
 /// What one key's clients saw.
 struct KeyRun {
     key: String,
@@ -61,8 +75,9 @@ struct KeyRun {
 #[derive(Debug)]
 pub struct Figures {
     pub mode: Mode,
+    pub fault: Fault,
     pub keys: usize,
-    /// Keys in the killed master's slots.
+    /// Keys in the victim master's slots.
     pub keys_on_victim: usize,
     /// Keys for which some client got a 503 (the handler did not run for that request).
     pub keys_errored: usize,
@@ -75,9 +90,13 @@ pub struct Figures {
     /// Keys none of whose clients got a 201 within the patience (e.g. an outcome lost with
     /// the master, leaving its replicated claim "in progress" until the lease ends).
     pub keys_without_201: usize,
-    /// Keys in the killed master's slots, started after the promotion, that got their 201:
+    /// Keys in the victim master's slots, started after the promotion, that got their 201:
     /// proof that the store follows the failover.
     pub victim_keys_served_after_promotion: usize,
+    /// Keys started once the returned victim was in sync as the new replica that got their
+    /// 201 from one run: proof that the store survives the victim's return (its demotion
+    /// closes its client connections) on every master, not only in the first moments.
+    pub keys_served_after_resync: usize,
     pub failover_took: Duration,
     /// From the promotion until the restarted victim was in sync as the new replica.
     pub healing_took: Duration,
@@ -93,6 +112,10 @@ impl Figures {
         assert!(
             self.victim_keys_served_after_promotion > 0,
             "the store never reached the promoted replica: {self}"
+        );
+        assert!(
+            self.keys_served_after_resync > 0,
+            "the store served no key once the victim was back in sync: {self}"
         );
         assert_eq!(
             self.ran_twice_elsewhere, 0,
@@ -111,9 +134,11 @@ impl fmt::Display for Figures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "failover {:?}: {} keys, {} on the killed master; errored (503) {}, ran twice {} \
-             ({} elsewhere), never ran {}, no 201 within {:?}: {}; failover took {:?}, the \
-             new replica synced {:?} later; {} killed-master keys served after promotion",
+            "failover {:?} {:?}: {} keys, {} on the victim master; errored (503) {}, ran \
+             twice {} ({} elsewhere), never ran {}, no 201 within {:?}: {}; failover took \
+             {:?}, the new replica synced {:?} later; {} victim keys served after promotion, \
+             {} keys served once it was in sync",
+            self.fault,
             self.mode,
             self.keys,
             self.keys_on_victim,
@@ -126,6 +151,7 @@ impl fmt::Display for Figures {
             self.failover_took,
             self.healing_took,
             self.victim_keys_served_after_promotion,
+            self.keys_served_after_resync,
         )
     }
 }
@@ -133,17 +159,19 @@ impl fmt::Display for Figures {
 /// The closing-note table: one row per mode.
 pub fn table(figures: &[Figures]) -> String {
     let mut out = String::from(
-        "| mode | keys | on killed master | keys errored (503) | keys ran twice | no 201 in 10 s | failover | replica back in sync |\n|---|---|---|---|---|---|---|---|\n",
+        "| victim master | mode | keys | on the victim | keys errored (503) | keys ran twice | no 201 in 10 s | served after resync | failover | replica back in sync |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for f in figures {
         out.push_str(&format!(
-            "| {:?} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |\n",
+            "| {:?} | {:?} | {} | {} | {} | {} | {} | {} | {:.1} s | {:.1} s |\n",
+            f.fault,
             f.mode,
             f.keys,
             f.keys_on_victim,
             f.keys_errored,
             f.keys_ran_twice,
             f.keys_without_201,
+            f.keys_served_after_resync,
             f.failover_took.as_secs_f64(),
             f.healing_took.as_secs_f64()
         ));
@@ -229,7 +257,7 @@ async fn storm_key(apps: [Router; 2], key: String) -> KeyRun {
 
 /// Runs one failover on a fresh cluster on `base_port..base_port + 6`; `None` when
 /// `redis-server` is missing (and not required).
-pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
+pub async fn run(mode: Mode, fault: Fault, base_port: u16) -> Option<Figures> {
     let mut cluster = Cluster::start(base_port).await?;
     let victim = cluster.masters().await[0];
     let replica = cluster.replica_of(victim).await;
@@ -250,15 +278,20 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
     let promoted: Arc<OnceLock<Instant>> = Arc::default();
     let healed: Arc<OnceLock<Instant>> = Arc::default();
     let start = Instant::now();
-    let mut killed_at = None;
+    let ports: Vec<u16> = cluster.ports().collect();
+    let mut partition = None;
+    let mut faulted_at = None;
     let mut restarted = false;
     let mut keys = JoinSet::new();
     let mut next = 0;
     loop {
         let now = Instant::now();
-        if killed_at.is_none() && now - start >= KILL_AFTER {
-            cluster.kill(victim);
-            killed_at = Some(now);
+        if faulted_at.is_none() && now - start >= FAULT_AFTER {
+            match fault {
+                Fault::Kill => cluster.kill(victim),
+                Fault::Partition => partition = Some(Partition::isolate(victim, replica, &ports)),
+            }
+            faulted_at = Some(now);
             let promoted = promoted.clone();
             tokio::spawn(async move {
                 while role(replica).await.as_deref() != Some("master") {
@@ -267,8 +300,15 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
                 let _ = promoted.set(Instant::now());
             });
         }
-        if !restarted && promoted.get().is_some() {
-            cluster.restart(victim);
+        let rejoin = promoted.get().is_some_and(|at| match fault {
+            Fault::Kill => true,
+            Fault::Partition => at.elapsed() >= PARTITION_AFTER_PROMOTION,
+        });
+        if !restarted && rejoin {
+            match fault {
+                Fault::Kill => cluster.restart(victim),
+                Fault::Partition => partition.take().expect("partitioned").heal(),
+            }
             restarted = true;
             let healed = healed.clone();
             tokio::spawn(async move {
@@ -284,8 +324,8 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
             }
         }
         assert!(
-            now - start < KILL_AFTER + FAILOVER_PATIENCE,
-            "{mode:?}: the replica {replica} of {victim} was not promoted, or {victim} did not \
+            now - start < FAULT_AFTER + FAILOVER_PATIENCE,
+            "{fault:?} {mode:?}: the replica {replica} of {victim} was not promoted, or {victim} did not \
              rejoin in sync, within {FAILOVER_PATIENCE:?}"
         );
         keys.spawn(storm_key(apps.clone(), format!("{prefix}{next}")));
@@ -293,7 +333,7 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let outcomes = keys.join_all().await;
-    let killed_at = killed_at.expect("killed");
+    let faulted_at = faulted_at.expect("faulted");
     let promoted_at = *promoted.get().expect("promoted");
     let healed_at = *healed.get().expect("healed");
 
@@ -302,6 +342,7 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
     let runs = runs.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let mut figures = Figures {
         mode,
+        fault,
         keys: outcomes.len(),
         keys_on_victim: 0,
         keys_errored: 0,
@@ -310,7 +351,8 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
         keys_never_ran: 0,
         keys_without_201: 0,
         victim_keys_served_after_promotion: 0,
-        failover_took: promoted_at - killed_at,
+        keys_served_after_resync: 0,
+        failover_took: promoted_at - faulted_at,
         healing_took: healed_at - promoted_at,
     };
     for outcome in &outcomes {
@@ -329,6 +371,8 @@ pub async fn run(mode: Mode, base_port: u16) -> Option<Figures> {
         figures.keys_without_201 += usize::from(!outcome.created);
         figures.victim_keys_served_after_promotion +=
             usize::from(on_victim && outcome.started > promoted_at && outcome.created && ran == 1);
+        figures.keys_served_after_resync +=
+            usize::from(outcome.started > healed_at && outcome.created && ran == 1);
     }
     Some(figures)
 }

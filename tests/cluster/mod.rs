@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod failover;
+pub mod partition;
 
 use std::{
     path::PathBuf,
@@ -53,7 +54,10 @@ impl Cluster {
         for port in cluster.ports() {
             cluster.wait_until(port, "answers PING", |_| true).await;
         }
-        let created = Command::new("redis-cli")
+        // `redis-cli --cluster create` waits for the nodes to join without a limit of its own.
+        let created = Command::new("timeout")
+            .arg(PATIENCE.as_secs().to_string())
+            .arg("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(cluster.ports().map(|port| format!("127.0.0.1:{port}")))
@@ -61,7 +65,10 @@ impl Cluster {
             .stdout(Stdio::null())
             .status()
             .expect("run redis-cli --cluster create");
-        assert!(created.success(), "redis-cli --cluster create failed");
+        assert!(
+            created.success(),
+            "redis-cli --cluster create failed, or the nodes did not join within {PATIENCE:?}"
+        );
         for port in cluster.ports() {
             cluster
                 .wait_until(port, "cluster_state:ok", |info| {
@@ -91,6 +98,14 @@ impl Cluster {
         std::fs::create_dir_all(&node_dir)?;
         Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            // Its own source address for the connections it opens (cluster bus, replication),
+            // so a partition can cut one node's links to its peers without the clients'.
+            .args(["--bind-source-addr", &source_addr(port)])
+            // Peers would otherwise take the node's address from the source of its links.
+            .args(["--cluster-announce-ip", "127.0.0.1"])
+            // Protected mode admits only 127.0.0.1 itself, not the other nodes' sources; the
+            // node listens on loopback alone either way.
+            .args(["--protected-mode", "no"])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
             .args(["--cluster-require-full-coverage", "no"])
@@ -228,6 +243,18 @@ impl Drop for Cluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The address the node on `port` opens its own connections from: one per node in
+/// 127.0.1.0/24 (all of 127/8 is local on Linux). Ports of one cluster are consecutive, so
+/// they never share one.
+pub fn source_addr(port: u16) -> String {
+    format!("127.0.1.{}", port % 256)
+}
+
+/// The cluster bus port of the node on `port` (Redis's default offset).
+pub fn bus_port(port: u16) -> u16 {
+    port + 10000
 }
 
 /// A plain (non-cluster) connection to one node.

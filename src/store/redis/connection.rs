@@ -1,6 +1,7 @@
 //! One connection type for both deployments, so every operation is written once.
 
 use std::{
+    future::Future,
     sync::{Arc, PoisonError},
     time::{Duration, Instant},
 };
@@ -32,6 +33,12 @@ impl Connection {
 /// promoted, every rebuild still points at the dead master.
 const REBUILD_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 
+/// How long a request must have waited before its caller dropped it for the drop to mean a
+/// stalled connection rather than a caller that lost interest (a client gone, a `select!`).
+/// A healthy cluster answers in milliseconds; a replica wait longer than this makes the
+/// occasional abandoned claim cost a spare rebuild, nothing worse.
+const ABANDONED_AFTER: Duration = Duration::from_secs(1);
+
 /// A cluster connection that rebuilds itself after a failure.
 ///
 /// redis-rs 0.32's cluster connection refreshes its slot map on `MOVED` only. When a master
@@ -40,6 +47,15 @@ const REBUILD_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 /// `CLUSTERDOWN`, ...) makes this handle build a new connection from the client, which asks a
 /// live node for the current slot map; later operations use it. The failed operation itself
 /// still fails (and is not repeated here): its effect is unknown.
+///
+/// An operation its caller abandoned after waiting [`ABANDONED_AFTER`] or longer starts a
+/// rebuild too. redis-rs 1.8 can stall a whole cluster connection: when a node's connection
+/// drops (a partitioned master demoted on healing closes its clients) it repairs it in the
+/// background and refreshes the slot map at the same time, and the refresh can wait forever
+/// for the lock the unpolled repair holds; every request on every node then queues behind
+/// it and none ever fails. The engine's store timeout drops such requests before redis-rs
+/// answers, so without this no error would ever reach [`failed`](Self::failed), and the store
+/// would answer 503 for every key until restarted.
 pub(super) struct Cluster {
     client: ClusterClient,
     current: Mutex<Current>,
@@ -81,9 +97,17 @@ impl Cluster {
     /// does not mean a lost node, or that connection was already replaced, or a rebuild
     /// started moments ago.
     fn failed(self: &Arc<Self>, generation: u64, error: &RedisError) {
-        if !lost_node(error) {
-            return;
+        if lost_node(error) {
+            self.rebuild(generation);
         }
+    }
+
+    /// Replaces the connection of `generation` with a new one, in the background.
+    fn rebuild(self: &Arc<Self>, generation: u64) {
+        // Called from a drop too, which may run after the runtime shut down.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         {
             let mut current = self.lock();
             let recent = current
@@ -96,7 +120,7 @@ impl Cluster {
             current.rebuilding = true;
         }
         let cluster = self.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let rebuilt = cluster.client.get_async_connection().await;
             let mut current = cluster.lock();
             current.rebuilding = false;
@@ -108,6 +132,46 @@ impl Cluster {
                 }
             }
         });
+    }
+}
+
+impl Cluster {
+    /// Runs `request` on the connection of `generation`, and rebuilds that connection when
+    /// the request fails for a lost node or is abandoned after a long wait.
+    async fn watched<T>(
+        self: Arc<Self>,
+        generation: u64,
+        request: impl Future<Output = RedisResult<T>>,
+    ) -> RedisResult<T> {
+        let mut watch = Abandoned {
+            cluster: self,
+            generation,
+            since: Instant::now(),
+            pending: true,
+        };
+        let result = request.await;
+        watch.pending = false;
+        if let Err(error) = &result {
+            watch.cluster.failed(generation, error);
+        }
+        result
+    }
+}
+
+/// Rebuilds the connection when dropped while its request is still pending after
+/// [`ABANDONED_AFTER`]: the caller gave up on a connection that may never answer.
+struct Abandoned {
+    cluster: Arc<Cluster>,
+    generation: u64,
+    since: Instant,
+    pending: bool,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.pending && self.since.elapsed() >= ABANDONED_AFTER {
+            self.cluster.rebuild(self.generation);
+        }
     }
 }
 
@@ -134,11 +198,8 @@ impl ConnectionLike for Connection {
                 let cluster = cluster.clone();
                 Box::pin(async move {
                     let (mut connection, generation) = cluster.current();
-                    let result = connection.req_packed_command(cmd).await;
-                    if let Err(error) = &result {
-                        cluster.failed(generation, error);
-                    }
-                    result
+                    let request = connection.req_packed_command(cmd);
+                    cluster.watched(generation, request).await
                 })
             }
         }
@@ -156,13 +217,8 @@ impl ConnectionLike for Connection {
                 let cluster = cluster.clone();
                 Box::pin(async move {
                     let (mut connection, generation) = cluster.current();
-                    let result = connection
-                        .req_packed_commands(pipeline, offset, count)
-                        .await;
-                    if let Err(error) = &result {
-                        cluster.failed(generation, error);
-                    }
-                    result
+                    let request = connection.req_packed_commands(pipeline, offset, count);
+                    cluster.watched(generation, request).await
                 })
             }
         }

@@ -35,9 +35,11 @@ const BACKEND: &str = "redis";
 /// it runs over a [`ConnectionManager`] that reconnects by itself: when the server comes back
 /// after an outage, the same store works again without a restart. On a cluster it runs over
 /// redis-rs's cluster connection, which follows `MOVED`/`ASK` redirects; after an operation
-/// failed for a lost node, the store replaces that connection with one built on the current
+/// failed for a lost node, or was abandoned by its caller (the engine's store timeout) after
+/// waiting a second or more, the store replaces that connection with one built on the current
 /// slot map, so it finds the promoted replica after a failover (redis-rs 0.32 would keep
-/// dialling the dead master). Clones share the connection.
+/// dialling the dead master) and recovers when redis-rs 1.8's connection stalls as a
+/// partitioned master returns as a replica. Clones share the connection.
 ///
 /// ```no_run
 /// use tower_idempotency::store::RedisStore;
@@ -99,10 +101,10 @@ const BACKEND: &str = "redis";
 /// yet received the claim forgets it, and a duplicate arriving then runs the operation again.
 /// [`RedisStoreBuilder::wait_for_replicas`] closes that window for claims:
 ///
-/// | setting | claim costs | a master dies (SIGKILL) |
-/// |---|---|---|
-/// | no replica wait (default) | one round trip | a claim not yet replicated is lost: a duplicate arriving at the promoted replica runs the operation **again** |
-/// | `wait_for_replicas(1, t)` | one round trip plus one replication round trip (`WAIT 1 t`, sent in the same pipeline) | a claim the handler runs under is on a replica: **no second run** while its lease lasts; a claim no replica acknowledged within `t` is withdrawn and answered 503 ([`ReplicaWaitTimedOut`]) |
+/// | setting | claim costs | a master dies (SIGKILL) | a master is cut from its replica and peers, clients still reach it |
+/// |---|---|---|---|
+/// | no replica wait (default) | one round trip | a claim not yet replicated is lost: a duplicate arriving at the promoted replica runs the operation **again** | the isolated master takes claims until its node timeout makes it refuse writes; its replica, promoted, never gets them: a duplicate there runs the operation **again** |
+/// | `wait_for_replicas(1, t)` | one round trip plus one replication round trip (`WAIT 1 t`, sent in the same pipeline) | a claim the handler runs under is on a replica: **no second run** while its lease lasts; a claim no replica acknowledged within `t` is withdrawn and answered 503 ([`ReplicaWaitTimedOut`]) | the isolated master's `WAIT` times out, so its claims are answered 503 and **no second run** follows; a claim whose withdrawal or answer was lost stays "in progress" until its lease ends |
 ///
 /// The wait covers the claim, not the completed outcome: an outcome lost with its master
 /// leaves the replicated claim behind, so duplicates are told "in progress" until the lease
