@@ -33,7 +33,7 @@ goes to the other process. Effects are counted in the database. \`tc netem\` wou
 this machine's kernel has no \`sch_netem\`, so delay is the proxy's and a partition is the
 link going down (every packet lost).
 
-$(sed -n 's/^\(postgres\|redis\|store 150 ms away\)\(.*\)$/- \`\1\2\`/p' "$WORK/partitions.out")
+$(sed -n 's/^\.*\(postgres\|redis\|store 150 ms away\)\(.*\)$/- \`\1\2\`/p' "$WORK/partitions.out")
 
 The PostgreSQL transactional run has no double: the database ends the cut-off owner's
 transaction, the other process charges once, and the cut-off process's clients get that
