@@ -22,6 +22,8 @@
 //! Loss is not injected: see `tests/common/netns.rs` (no `sch_netem` on this kernel).
 #![cfg(all(feature = "postgres", feature = "sqlite", feature = "redis"))]
 
+#[path = "harness/effects.rs"]
+mod effects;
 #[path = "process/netns.rs"]
 mod netns;
 mod process;
@@ -31,6 +33,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use effects::charge_of;
 use http::StatusCode;
 use netns::{isolated_or_skip, start_isolated};
 use process::{shared::Shared, unique, Charge, Http, Launch, Reply};
@@ -71,39 +74,18 @@ async fn until_final(http: Http, charge: Charge) -> History {
 
 /// The keys of one run: key `i` charges amount `i + 1`, so the charges of each key can be
 /// counted in the database by their amount.
-fn charges(n: usize) -> Vec<Charge> {
+fn charges(n: i64) -> Vec<Charge> {
     let caller = unique();
-    (0..n)
-        .map(|i| {
-            Charge::new(&unique(), &caller)
-                .body(&format!(r#"{{"amount": {}, "currency": "EUR"}}"#, i + 1))
-        })
-        .collect()
+    (1..=n).map(|amount| charge_of(amount, &caller)).collect()
 }
 
 /// The charge rows per amount, counted in the database itself.
 async fn charges_by_amount(shared: &Shared) -> HashMap<i64, i64> {
-    const COUNT: &str = "SELECT amount, COUNT(*) FROM charges GROUP BY amount";
-    let rows: Vec<(i64, i64)> = match shared {
-        Shared::Postgres { admin, schema, .. } => {
-            sqlx::query_as(sqlx::AssertSqlSafe(
-                COUNT.replace("charges", &format!("{schema}.charges")),
-            ))
-            .fetch_all(admin)
-            .await
-        }
-        Shared::Sqlite { url, .. } => {
-            let pool = sqlx::SqlitePool::connect(url)
-                .await
-                .expect("open the SQLite file");
-            let rows = sqlx::query_as(COUNT).fetch_all(&pool).await;
-            pool.close().await;
-            rows
-        }
-        Shared::MySql { .. } => unreachable!("these tests run on PostgreSQL and Redis"),
+    let mut counted = HashMap::new();
+    for row in effects::charges(shared).await {
+        *counted.entry(row.amount).or_insert(0) += 1;
     }
-    .expect("count charges per amount");
-    rows.into_iter().collect()
+    counted
 }
 
 /// What the checker found; every field but `keys` must be zero.

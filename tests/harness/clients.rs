@@ -18,7 +18,7 @@ use std::{
 use bytes::Bytes;
 use http::{header, StatusCode};
 
-use super::fleet::Fleet;
+use super::{effects::charge_of, fleet::Fleet};
 use crate::process::{unique, Charge, Reply};
 
 /// The problem type of a commit whose connection broke: it may have committed.
@@ -157,9 +157,10 @@ impl Clients {
 /// Key `index` of a run: a fresh key, and the amount `index + 1`.
 fn key(index: usize, caller: &str) -> Key {
     let amount = i64::try_from(index + 1).expect("a small index");
-    let charge = Charge::new(&unique(), caller)
-        .body(&format!(r#"{{"amount": {amount}, "currency": "EUR"}}"#));
-    Key { charge, amount }
+    Key {
+        charge: charge_of(amount, caller),
+        amount,
+    }
 }
 
 fn step(reply: Reply) -> Step {

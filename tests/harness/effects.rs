@@ -1,10 +1,19 @@
 //! The effects, read in the database itself: every charge row with its payment and amount
 //! (each key of a run charges an amount of its own, so the rows of a key are found by
 //! amount, and a double is a second row for one amount).
+//!
+//! Also used on its own by tests/fault_partition.rs, which needs only this part.
+#![allow(dead_code)]
 
 use sqlx::SqlitePool;
 
-use crate::process::shared::Shared;
+use crate::process::{shared::Shared, unique, Charge};
+
+/// A fresh key of `caller` charging `amount`: the amount is what finds its rows, so it must
+/// be unique within a run.
+pub fn charge_of(amount: i64, caller: &str) -> Charge {
+    Charge::new(&unique(), caller).body(&format!(r#"{{"amount": {amount}, "currency": "EUR"}}"#))
+}
 
 /// One row of `charges`.
 #[derive(Debug, Clone, PartialEq, Eq)]
