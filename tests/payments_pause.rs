@@ -10,7 +10,7 @@
 
 mod process;
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use http::StatusCode;
 use process::{shared::Shared, unique, Charge, Launch};
@@ -21,14 +21,6 @@ const HANDLER_DELAY_MS: u64 = 1_500;
 /// Longer than the lease, so the store frees the key while the owner is stopped.
 const PAUSE: Duration = Duration::from_millis(2_500);
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal} {pid} failed");
-}
 
 async fn paused_owner_steps_back(shared: Shared) {
     let backend = shared.name();
@@ -50,7 +42,7 @@ async fn paused_owner_steps_back(shared: Shared) {
     owner
         .wait_for_log_within("charging after PAYMENTS_HANDLER_DELAY_MS", PATIENCE)
         .await;
-    signal(owner.pid(), "-STOP");
+    owner.pause();
     tokio::time::sleep(PAUSE).await;
 
     let taken_over = other.charge(&charge).await;
@@ -59,7 +51,7 @@ async fn paused_owner_steps_back(shared: Shared) {
         StatusCode::CREATED,
         "{backend}: the takeover"
     );
-    signal(owner.pid(), "-CONT");
+    owner.resume();
 
     let stepped_back = tokio::time::timeout(PATIENCE, first)
         .await

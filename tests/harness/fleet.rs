@@ -76,19 +76,11 @@ impl Fleet {
     /// accept, its store sessions stay open), silent to everyone else.
     pub async fn pause(&self, slot: usize, pause: Duration) {
         let server = self.slots[slot].server.lock().await;
-        let Some(pid) = server.as_ref().map(Server::pid) else {
+        let Some(server) = server.as_ref() else {
             return;
         };
-        signal("-STOP", pid);
+        server.pause();
         tokio::time::sleep(pause).await;
-        signal("-CONT", pid);
+        server.resume();
     }
-}
-
-fn signal(signal: &str, pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal} {pid} failed");
 }

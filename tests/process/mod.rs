@@ -376,13 +376,28 @@ impl Server {
         }
     }
 
-    /// Sends SIGTERM and waits for the process to exit.
-    pub async fn terminate(mut self) -> ExitStatus {
+    /// SIGSTOP: alive to the kernel (its sockets accept, its store sessions stay open),
+    /// silent to everyone else until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
         let status = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+            .args([signal, &self.pid().to_string()])
             .status()
             .expect("run kill");
-        assert!(status.success(), "kill -TERM failed");
+        assert!(status.success(), "kill {signal} {} failed", self.pid());
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(mut self) -> ExitStatus {
+        self.signal("-TERM");
         tokio::time::timeout(PATIENCE, self.child.wait())
             .await
             .expect("the example did not exit after SIGTERM")
