@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod broker;
+mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod engine;

@@ -263,10 +263,14 @@ impl IdempotencyLayer {
     /// A handler that finds no free slot when its client leaves, or outlives `lifetime`, is
     /// dropped and its key released (a retry runs it again), so
     /// [`Engine::drained`] finishes.
+    ///
+    /// Any value is accepted: a `lifetime` of zero drops a handler as soon as its client
+    /// leaves; one longer than a century (`Duration::MAX` for "no limit") counts as a century.
     pub fn detach_limits(self, max: usize, lifetime: Duration) -> Self {
         self.with(|c| {
             c.detached = Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS)));
-            c.max_handler_lifetime = lifetime;
+            // Saturated here, so the deadline each request computes cannot overflow.
+            c.max_handler_lifetime = lifetime.min(crate::clock::FOREVER);
         })
     }
 

@@ -54,7 +54,7 @@ pub struct ConsumerConfig {
     /// Delay before a failed message is delivered again (default 1 s).
     pub retry_delay: Duration,
     /// First pause after a [`Busy`](InboxClaim::Busy) claim; it doubles up to 1 s
-    /// (default 50 ms).
+    /// (default 50 ms), and no pause lasts past `busy_patience`.
     pub busy_pause: Duration,
     /// How long a busy copy keeps looking before it gives the message back to the broker
     /// (default 60 s).
@@ -116,6 +116,9 @@ impl<I, H> Clone for Consumer<I, H> {
 
 const PURGE_BATCH: u32 = 1000;
 
+/// The longest pause between two looks at a message another copy holds.
+const MAX_BUSY_PAUSE: Duration = Duration::from_secs(1);
+
 impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
     /// A consumer named `name` (message ids are deduplicated per name) with the default
     /// [`ConsumerConfig`].
@@ -157,7 +160,7 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
                 running.spawn(async move {
                     this.purge().await;
                 });
-                next_purge = Instant::now() + self.inner.config.purge_every;
+                next_purge = crate::clock::deadline_in(self.inner.config.purge_every);
             }
             while running.len() >= self.inner.config.concurrency.max(1) {
                 running.join_next().await;
@@ -227,7 +230,7 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
             attempt: delivery.attempt(),
         };
         let config = &self.inner.config;
-        let deadline = Instant::now() + config.busy_patience;
+        let deadline = crate::clock::deadline_in(config.busy_patience);
         let mut pause = config.busy_pause;
         loop {
             match self.attempt(&message).await {
@@ -237,9 +240,13 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
                     return settle(delivery.ack().await, Outcome::Duplicate);
                 }
                 Ok(InboxClaim::Busy) if Instant::now() < deadline => {
-                    // No connection is held while we wait for the other copy to finish.
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    // No connection is held while we wait for the other copy to finish, and
+                    // never past the patience, however long the pause.
+                    tokio::time::sleep_until(
+                        deadline.min(Instant::now() + pause.min(MAX_BUSY_PAUSE)),
+                    )
+                    .await;
+                    pause = pause.saturating_mul(2).min(MAX_BUSY_PAUSE);
                 }
                 Ok(InboxClaim::Busy) => {
                     return self

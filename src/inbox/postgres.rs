@@ -89,9 +89,11 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
 
 impl PgInbox {
     /// How long a claim waits for another copy's transaction before answering
-    /// [`InboxClaim::Busy`](super::InboxClaim::Busy) (default 100 ms; at least 1 ms).
+    /// [`InboxClaim::Busy`](super::InboxClaim::Busy) (default 100 ms; at least 1 ms, at most
+    /// PostgreSQL's limit of `i32::MAX` ms, about 24 days).
     pub fn lock_timeout(mut self, timeout: Duration) -> Self {
-        self.wait = format!("{}ms", timeout.as_millis().max(1));
+        let millis = timeout.as_millis().clamp(1, i32::MAX as u128);
+        self.wait = format!("{millis}ms");
         self
     }
 

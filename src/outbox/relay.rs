@@ -18,6 +18,7 @@ pub struct RelayConfig {
     /// How long sent rows are kept (default 1 hour), for inspection.
     pub sent_retention: Duration,
     /// How often sent rows are purged (default 1 minute), in batches of `batch` rows.
+    /// `Duration::MAX`: once, when the relay starts.
     pub purge_every: Duration,
     /// How long sending may go on after the shutdown signal (default 5 s): the drain under way,
     /// or one more, sends the rows committed since the last batch now rather than at the next
@@ -130,7 +131,7 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
                     () = self.purge() => {}
                     () = &mut shutdown => break None,
                 }
-                next_purge = Instant::now() + self.config.purge_every;
+                next_purge = crate::clock::deadline_in(self.config.purge_every);
             }
             tokio::select! {
                 () = &mut shutdown => break None,
