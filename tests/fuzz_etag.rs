@@ -95,6 +95,30 @@ proptest! {
         prop_assert_eq!(parsed, Ok(tag));
     }
 
+    /// `Display` loses nothing: two different tags never display alike (bytes 0x80-0xFF
+    /// included, which are not text), and a tag whose bytes are UTF-8 text without a
+    /// backslash displays as itself, so its display parses back.
+    #[test]
+    fn display_tells_every_tag_apart(a in tag(), b in tag()) {
+        prop_assert_eq!(a.to_string() == b.to_string(), a == b, "{} / {}", a, b);
+        if std::str::from_utf8(a.opaque()).is_ok() && !a.opaque().contains(&b'\\') {
+            prop_assert_eq!(ETag::parse(a.to_string()), Ok(a));
+        }
+    }
+
+    /// The case uniform pairs almost never hit: two tags one byte apart, both bytes obs-text.
+    #[test]
+    fn display_tells_obs_text_bytes_apart(
+        mut opaque in opaque(),
+        (x, y) in (0x80u8..=0xff, 0x80u8..=0xff).prop_filter("two bytes", |(x, y)| x != y),
+    ) {
+        opaque.push(x);
+        let a = ETag::strong(&opaque).unwrap();
+        *opaque.last_mut().unwrap() = y;
+        let b = ETag::strong(&opaque).unwrap();
+        prop_assert_ne!(a.to_string(), b.to_string());
+    }
+
     /// A list of valid tags with any spacing and empty elements reads back as the same tags
     /// in order, whether on one header line or one line each.
     #[test]

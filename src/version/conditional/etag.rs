@@ -145,12 +145,29 @@ impl std::str::FromStr for ETag {
     }
 }
 
+/// The tag as text, for logs and messages (the header bytes are
+/// [`to_header_value`](ETag::to_header_value)'s). Nothing is lost: the opaque part's UTF-8
+/// text is written as it is, every other byte (obs-text, 0x80-0xFF, that is not UTF-8) as
+/// `\xNN`, and a backslash as `\\`, so two different tags never display alike, and a tag
+/// whose bytes are text without a backslash displays exactly as it is sent.
 impl fmt::Display for ETag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.weak {
             f.write_str("W/")?;
         }
-        write!(f, "\"{}\"", String::from_utf8_lossy(&self.opaque))
+        f.write_str("\"")?;
+        for chunk in self.opaque.utf8_chunks() {
+            for (i, text) in chunk.valid().split('\\').enumerate() {
+                if i > 0 {
+                    f.write_str("\\\\")?;
+                }
+                f.write_str(text)?;
+            }
+            for byte in chunk.invalid() {
+                write!(f, "\\x{byte:02x}")?;
+            }
+        }
+        f.write_str("\"")
     }
 }
 
