@@ -551,6 +551,22 @@ async fn a_malformed_request_id_is_invalid_argument_and_runs_nothing() {
     assert_eq!(payments.attempts.load(Ordering::SeqCst), 0, "nothing ran");
 }
 
+/// A method keyed by its message: the refusal of a call without a key says where the key
+/// goes (the request message), not that a header is missing.
+#[tokio::test]
+async fn a_message_keyed_call_without_a_key_is_told_to_set_it_in_the_message() {
+    let Some((addr, payments)) = setup(keyed_by_message).await else {
+        return;
+    };
+    let status = call(client(addr).await, None, with_request_id(""), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("request message"), "{status:?}");
+    assert!(!status.message().contains("header"), "{status:?}");
+    assert_eq!(payments.attempts.load(Ordering::SeqCst), 0, "nothing ran");
+}
+
 #[tokio::test]
 async fn the_metadata_key_wins_over_the_request_id() {
     let Some((addr, payments)) = setup(keyed_by_message).await else {

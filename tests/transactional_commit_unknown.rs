@@ -27,7 +27,7 @@ mod proxy;
 use std::time::{Duration, Instant};
 
 use axum::{
-    http::{HeaderMap, StatusCode},
+    http::{header, HeaderMap, StatusCode},
     routing::post,
     Router,
 };
@@ -129,9 +129,44 @@ async fn a_commit_whose_connection_breaks_answers_outcome_unknown_and_its_retry_
     assert_eq!(pg_effects::effects(&store, &table, &key).await, 1);
     // The retry learns it: a replay of the committed answer, not a second run.
     proxy.restore();
-    let (status, _, body) = send(app, key.key().to_owned(), None).await;
+    let (status, _, body) = send(app.clone(), key.key().to_owned(), None).await;
     assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"charged"[..]));
     assert_eq!(pg_effects::effects(&store, &table, &key).await, 1);
+
+    // The same break on a request sent without a key: still outcome-unknown (and counted),
+    // but nothing records it, so a retry would run it again. The answer says so, and offers
+    // no Retry-After: not "retry with the same key".
+    let unkeyed = tokio::spawn(send_unkeyed(app, 1));
+    let pid = pids.recv().await.expect("the slow handler's backend");
+    sleeping_in_commit(&store, pid).await;
+    proxy.cut();
+    let (status, headers, body) = unkeyed.await.expect("the unkeyed request's task");
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body:?}");
+    assert!(headers.get(header::RETRY_AFTER).is_none(), "{headers:?}");
+    let problem: serde_json::Value = serde_json::from_slice(&body).expect("problem+json");
+    assert_eq!(problem["type"], "urn:tower-idempotency:outcome-unknown");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(!detail.contains("same key"), "{detail}");
+    assert!(detail.contains("no idempotency key"), "{detail}");
+    assert_eq!(counter(&metrics.render(), OUTCOME_UNKNOWN), 3);
+    // It did commit: the effect the answer could not confirm is there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pg_effects::effects(&store, &table, &key).await < 2 {
+        assert!(Instant::now() < deadline, "the cut-off COMMIT never landed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends one `POST /` without a key, its commit sleeping `slow` seconds in the trigger.
+async fn send_unkeyed(app: Router, slow: u32) -> (StatusCode, HeaderMap, bytes::Bytes) {
+    let request = axum::http::Request::post("/")
+        .header("x-slow", slow.to_string())
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = tower::ServiceExt::oneshot(app, request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    (parts.status, parts.headers, body)
 }
 
 /// How many records `key` has in the store's table.
@@ -236,8 +271,8 @@ fn route(
         }
     };
     let scope = "tx-unknown".to_owned();
+    // The key is optional: an unkeyed request runs in a transaction of its own.
     let layer = IdempotencyLayer::transactional(commit_answers::transactional(store))
-        .require_key()
         .scope_with(move |_| scope.clone());
     (
         Router::new().route("/", post(handler)).layer(layer),

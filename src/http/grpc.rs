@@ -32,7 +32,7 @@
 //!
 //! | rejection | gRPC status |
 //! |---|---|
-//! | missing or malformed key, unreadable request | `INVALID_ARGUMENT` |
+//! | missing or malformed key (in the metadata, or in the message of a method keyed by it), unreadable request | `INVALID_ARGUMENT` |
 //! | the key was used with another request | `INVALID_ARGUMENT` (the message says so) |
 //! | no caller identity to scope the key by | `UNAUTHENTICATED` |
 //! | request over the fingerprint limit | `RESOURCE_EXHAUSTED` |
@@ -40,6 +40,7 @@
 //! | first call still running, reject policy | `ABORTED` + `grpc-retry-pushback-ms` |
 //! | the database is busy with other writers (SQLite, transactional mode) | `ABORTED` + `grpc-retry-pushback-ms` |
 //! | store unavailable, transaction not committed, commit outcome unknown | `UNAVAILABLE` + `grpc-retry-pushback-ms` |
+//! | commit outcome unknown on a call without a key (a retry may run it twice) | `UNKNOWN` |
 //! | the call's `grpc-timeout` passed while it waited for the first one | `DEADLINE_EXCEEDED` |
 //! | first call completed but its response was too large to store | `ALREADY_EXISTS` |
 //! | the handler panicked, its body failed, it kept the transaction | `INTERNAL` |
@@ -70,6 +71,7 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// gRPC status codes the layer uses (the numbers are fixed by the gRPC protocol).
 mod code {
     pub(super) const OK: i32 = 0;
+    pub(super) const UNKNOWN: i32 = 2;
     pub(super) const INVALID_ARGUMENT: i32 = 3;
     pub(super) const DEADLINE_EXCEEDED: i32 = 4;
     pub(super) const NOT_FOUND: i32 = 5;
@@ -120,6 +122,7 @@ pub(crate) fn status_of(map: &HeaderMap) -> Option<i32> {
 fn status_for(rejection: &Rejection) -> (i32, Option<Duration>) {
     let code = match rejection {
         Rejection::MissingKey
+        | Rejection::MissingMessageKey
         | Rejection::InvalidKey(_)
         | Rejection::BodyUnreadable
         | Rejection::KeyReused => code::INVALID_ARGUMENT,
@@ -131,6 +134,8 @@ fn status_for(rejection: &Rejection) -> (i32, Option<Duration>) {
         | Rejection::NotCommitted { .. }
         | Rejection::OutcomeUnknown { .. } => code::UNAVAILABLE,
         Rejection::DeadlineExceeded => code::DEADLINE_EXCEEDED,
+        // Not UNAVAILABLE, which gRPC clients retry by themselves: a retry may run it twice.
+        Rejection::OutcomeUnknownWithoutKey => code::UNKNOWN,
         Rejection::ResponseNotStored { .. } => code::ALREADY_EXISTS,
         Rejection::HandlerPanicked | Rejection::ResponseBodyFailed | Rejection::TransactionHeld => {
             code::INTERNAL

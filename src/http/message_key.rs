@@ -78,7 +78,7 @@ where
         match key.map(|key| validate(key.into_bytes())) {
             Some(Ok(key)) => protect(inner, config, key, request).await,
             Some(Err(invalid)) => Ok(render(&config, true, Rejection::InvalidKey(invalid))),
-            None if config.key_required => Ok(render(&config, true, Rejection::MissingKey)),
+            None if config.key_required => Ok(render(&config, true, Rejection::MissingMessageKey)),
             None => unprotected(inner, config, request).await,
         }
     })

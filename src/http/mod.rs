@@ -17,7 +17,7 @@
 //! | request body broken mid-upload | `400`, nothing claimed |
 //! | store unreachable | `503` + `Retry-After`, handler **not** run |
 //! | transactional mode: the commit refused by the database | `503` + `Retry-After` (`not-committed`), nothing persists |
-//! | transactional mode: the connection breaks during the commit | `503` + `Retry-After` (`outcome-unknown`): it may have committed; a retry with the key replays it, or runs once if not |
+//! | transactional mode: the connection breaks during the commit | `503` + `Retry-After` (`outcome-unknown`): it may have committed; a retry with the key replays it, or runs once if not. A request without a key: `500` (`outcome-unknown`), no `Retry-After`: nothing records it, so a retry may apply it twice |
 //! | handler answers 5xx, 408, 409, 425 or 429, fails, or panics (→ `500`) | key released: a retry runs again |
 //! | response over the storage limit (1 MiB) | streamed whole to the first caller, never run again; duplicates get `409` (`response-not-stored`) |
 //! | streaming response (SSE, large download), trailers (gRPC) | passed to the first caller frame by frame, trailers included; recorded (body and trailers) when it ends, before the caller sees the end (a body of known length: its last frame is sent while a store that needs a round trip records it, and a retry arriving meanwhile waits for that record); a body that fails mid-stream releases the key |

@@ -16,6 +16,7 @@ use crate::problem::Problem;
 /// | rejection | status | `type` |
 /// |---|---|---|
 /// | [`MissingKey`](Self::MissingKey) | 400 | `urn:tower-idempotency:missing-key` |
+/// | [`MissingMessageKey`](Self::MissingMessageKey) | 400 | `urn:tower-idempotency:missing-key` |
 /// | [`InvalidKey`](Self::InvalidKey) | 400 | `urn:tower-idempotency:invalid-key` |
 /// | [`MissingIdentity`](Self::MissingIdentity) | 400 | `urn:tower-idempotency:missing-identity` |
 /// | [`BodyUnreadable`](Self::BodyUnreadable) | 400 | `urn:tower-idempotency:body-unreadable` |
@@ -29,6 +30,7 @@ use crate::problem::Problem;
 /// | [`ResponseBodyFailed`](Self::ResponseBodyFailed) | 500 | `urn:tower-idempotency:response-body-failed` |
 /// | [`NotCommitted`](Self::NotCommitted) | 503 + `Retry-After` | `urn:tower-idempotency:not-committed` |
 /// | [`OutcomeUnknown`](Self::OutcomeUnknown) | 503 + `Retry-After` | `urn:tower-idempotency:outcome-unknown` |
+/// | [`OutcomeUnknownWithoutKey`](Self::OutcomeUnknownWithoutKey) | 500 | `urn:tower-idempotency:outcome-unknown` |
 /// | [`TransactionHeld`](Self::TransactionHeld) | 500 | `urn:tower-idempotency:transaction-held` |
 /// | [`NotUnary`](Self::NotUnary) | 400 | `urn:tower-idempotency:not-unary` |
 /// | [`DeadlineExceeded`](Self::DeadlineExceeded) | 504 | `urn:tower-idempotency:deadline-exceeded` |
@@ -40,6 +42,11 @@ pub enum Rejection {
     /// The route requires an idempotency key and the request has none.
     #[error("the route requires an Idempotency-Key header and the request has none")]
     MissingKey,
+    /// gRPC: the method takes its key from the request message
+    /// ([`key_from_message`](super::IdempotencyLayer::key_from_message)), the route requires
+    /// one, and the call carries none, in its message or as metadata.
+    #[error("the method requires an idempotency key in its request message (or as idempotency-key metadata) and the call has none")]
+    MissingMessageKey,
     /// The key header is malformed.
     #[error("the Idempotency-Key header is malformed: {0}")]
     InvalidKey(InvalidKey),
@@ -114,6 +121,13 @@ pub enum Rejection {
         /// Suggested delay before retrying.
         retry_after: Duration,
     },
+    /// Transactional mode, a request sent without a key: the handler ran, but the connection
+    /// broke while its transaction was committing, so whether it committed is unknown. Unlike
+    /// [`OutcomeUnknown`](Self::OutcomeUnknown), nothing records a request without a key: a
+    /// retry may apply it a second time. No `Retry-After`: check its effect before retrying,
+    /// and send an idempotency key to make retries safe.
+    #[error("the handler ran but the connection broke while its transaction committed; the outcome is unknown, and the request had no idempotency key, so a retry may apply it twice")]
+    OutcomeUnknownWithoutKey,
     /// Transactional mode: the handler still held the transaction after it answered (it kept
     /// the guard, or a task it spawned did), so nothing was committed.
     #[error("the handler still held the transaction after it answered, so nothing was committed")]
@@ -155,6 +169,12 @@ impl Rejection {
                 "urn:tower-idempotency:missing-key",
                 "Idempotency key required",
                 "this endpoint requires an Idempotency-Key header; send a unique value (e.g. a UUID) per operation and reuse it when retrying".to_owned(),
+            ),
+            Rejection::MissingMessageKey => (
+                S::BAD_REQUEST,
+                "urn:tower-idempotency:missing-key",
+                "Idempotency key required",
+                "this method takes its idempotency key from the request message (its request id field) or the idempotency-key metadata entry, and the call carried neither; set a unique value per operation in the request message and reuse it when retrying".to_owned(),
             ),
             Rejection::MissingIdentity => (
                 S::BAD_REQUEST,
@@ -228,6 +248,12 @@ impl Rejection {
                 "urn:tower-idempotency:outcome-unknown",
                 "Request outcome unknown",
                 format!("the request ran but the connection to the database broke while it was committing; outcome unknown; retry with the same key in {} s: a committed request is replayed, one that did not commit runs once", retry_after_secs(*retry_after)),
+            ),
+            Rejection::OutcomeUnknownWithoutKey => (
+                S::INTERNAL_SERVER_ERROR,
+                "urn:tower-idempotency:outcome-unknown",
+                "Request outcome unknown",
+                "the request ran but the connection to the database broke while it was committing, so whether it took effect is unknown; it carried no idempotency key, so nothing recorded it and a retry may apply it twice: check whether it took effect before retrying, and send an Idempotency-Key header to make retries safe".to_owned(),
             ),
             Rejection::TransactionHeld => (
                 S::INTERNAL_SERVER_ERROR,

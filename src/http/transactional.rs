@@ -148,11 +148,12 @@ where
         }),
         Err(error @ CommitError::OutcomeUnknown(_)) => {
             tracing::error!(key = %key(), error = %error, "connection lost during the commit; the handler's writes may or may not have committed");
-            Ok(render(
-                &config,
-                grpc,
-                Rejection::OutcomeUnknown { retry_after },
-            ))
+            let rejection = match duplicate {
+                Some(_) => Rejection::OutcomeUnknown { retry_after },
+                // Nothing records an unkeyed request: "retry with the same key" would be false.
+                None => Rejection::OutcomeUnknownWithoutKey,
+            };
+            Ok(render(&config, grpc, rejection))
         }
         Err(error) => {
             tracing::error!(key = %key(), error = %error, "commit failed; the handler's writes were rolled back");

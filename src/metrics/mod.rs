@@ -100,7 +100,7 @@ pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
             return
         }
         R::ResponseNotStored { .. } => return,
-        R::MissingKey => "missing_key",
+        R::MissingKey | R::MissingMessageKey => "missing_key",
         R::InvalidKey(_) => "invalid_key",
         R::MissingIdentity => "missing_identity",
         R::BodyUnreadable => "body_unreadable",
@@ -108,7 +108,7 @@ pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
         R::HandlerPanicked => "handler_panicked",
         R::ResponseBodyFailed => "response_body_failed",
         R::NotCommitted { .. } => "not_committed",
-        R::OutcomeUnknown { .. } => OUTCOME_UNKNOWN,
+        R::OutcomeUnknown { .. } | R::OutcomeUnknownWithoutKey => OUTCOME_UNKNOWN,
         R::TransactionHeld => "transaction_held",
         R::NotUnary => "not_unary",
         R::DeadlineExceeded => "deadline_exceeded",

@@ -77,7 +77,9 @@
 //!   committed. A commit the database refused answers `503`
 //!   (`urn:tower-idempotency:not-committed`) and nothing of the request persists; a commit
 //!   whose connection broke answers `503` (`urn:tower-idempotency:outcome-unknown`), as it may
-//!   have committed: the retry with the same key replays it, or runs once if it did not.
+//!   have committed: the retry with the same key replays it, or runs once if it did not. A
+//!   request sent without a key has no record to learn from: its broken commit answers `500`
+//!   with the same problem type and no `Retry-After`, since a retry may apply it twice.
 //! - Duplicates never hold a database connection while they wait: the claim does not queue
 //!   behind the owner's uncommitted row (PostgreSQL: a per-key `pg_try_advisory_xact_lock`;
 //!   MariaDB: a zero lock wait). Duplicates in the owner's process are woken when it commits.
