@@ -7,6 +7,7 @@ use axum::{
     http::{header, Request, StatusCode},
 };
 use common::{app, layer_with, post_req, send, Runs};
+use tower_http::compression::CompressionLayer;
 use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
 
 #[tokio::test]
@@ -188,4 +189,61 @@ async fn completed_key_runs_again_after_retention() {
         2,
         "after the retention the key is a new request"
     );
+}
+
+/// A route that counts its runs and answers 4 KiB of compressible text, with compression
+/// outside the idempotency layer (`outside`) or inside it.
+fn compressed_app(outside: bool, runs: Runs) -> axum::Router {
+    let text = || async move { "replay fidelity ".repeat(256) };
+    let handler = move || {
+        runs.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        text()
+    };
+    let routes = axum::Router::new().route("/report", axum::routing::post(handler));
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    if outside {
+        routes.layer(layer).layer(CompressionLayer::new())
+    } else {
+        routes.layer(CompressionLayer::new()).layer(layer)
+    }
+}
+
+/// A keyed `POST /report`, asking for gzip or not.
+fn report(gzip: bool) -> Request<Body> {
+    let mut request = Request::post("/report")
+        .header("authorization", "Bearer alice")
+        .header("idempotency-key", "report-1");
+    if gzip {
+        request = request.header(header::ACCEPT_ENCODING, "gzip");
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+/// The documented place of compression: outside the layer. The stored response is the
+/// handler's own, so each duplicate is encoded for its own `Accept-Encoding`; and
+/// `Accept-Encoding` is not part of the fingerprint, so a retry asking for another encoding
+/// is the same request (replayed, not 422).
+#[tokio::test]
+async fn compression_outside_the_layer_encodes_each_replay_for_its_own_client() {
+    let runs = Runs::default();
+    let app = compressed_app(true, runs.clone());
+    let gzipped = send(&app, report(true)).await;
+    let plain = send(&app, report(false)).await;
+    assert_eq!(runs.count(), 1, "the retry was replayed");
+    assert_eq!(gzipped.headers[header::CONTENT_ENCODING], "gzip");
+    assert!(plain.headers.get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(plain.body, "replay fidelity ".repeat(256));
+}
+
+/// Why not inside: the stored response carries the first client's encoding, and a duplicate
+/// gets those bytes whatever it accepts (here gzip for a client that asked for none).
+#[tokio::test]
+async fn compression_inside_the_layer_replays_the_first_clients_encoding() {
+    let runs = Runs::default();
+    let app = compressed_app(false, runs.clone());
+    let gzipped = send(&app, report(true)).await;
+    let plain = send(&app, report(false)).await;
+    assert_eq!(runs.count(), 1, "the retry was replayed");
+    assert_eq!(plain.headers[header::CONTENT_ENCODING], "gzip");
+    assert_eq!(plain.body, gzipped.body);
 }

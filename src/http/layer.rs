@@ -132,7 +132,11 @@ impl IdempotencyLayer {
         self.with(|c| c.anonymous_scope = true)
     }
 
-    /// Also fingerprints header `name` (method, path, query and body always count).
+    /// Also fingerprints header `name` (method, path, query and body always count; no header
+    /// does by default). A retry whose value of `name` differs is then another request under
+    /// the same key (`422`), so add only headers that change what the request does, never
+    /// negotiation headers such as `Accept-Encoding` (compression belongs outside the layer:
+    /// see the [`http`](crate::http) docs).
     pub fn fingerprint_header(self, name: HeaderName) -> Self {
         self.with(|c| c.fingerprint_headers.push(name))
     }

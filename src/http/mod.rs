@@ -47,6 +47,15 @@
 //!   identity opt in with `shared_anonymous_scope()`.
 //! - **Fingerprint.** Method, path, query and body bytes as sent (JSON differing only in
 //!   whitespace is a different request), plus any header added with `fingerprint_header`.
+//!   No request header counts by default, not even `Content-Type`, `Accept` or
+//!   `Accept-Encoding`: a retry is the same operation however its client negotiates the
+//!   answer, and a header in the fingerprint would turn a retry that changed it into a `422`.
+//! - **Compression belongs outside the layer** (in axum, a `CompressionLayer` added after
+//!   this layer; in a `ServiceBuilder`, before it). Then the stored response is the
+//!   handler's own, and each duplicate is encoded for its own `Accept-Encoding`. Inside it,
+//!   the first client's encoding is stored and every duplicate gets those bytes and that
+//!   `Content-Encoding`, whatever it accepts. The same holds for any content negotiation a
+//!   handler does: the replay is the first response, negotiated for the first request.
 //! - **Replay.** Headers are stored as an ordered list of pairs, so repeated headers and values
 //!   with commas survive; trailers are stored the same way and replayed after the body. Hop-by-hop headers and `Date` are dropped; `Set-Cookie` is dropped
 //!   unless `replay_set_cookie(true)`. `mark_replayed(true)` adds `Idempotent-Replayed: true`
