@@ -30,7 +30,7 @@ pub mod version;
 
 pub use crate::http::{
     grpc_message, is_final_by_default, is_final_grpc_by_default, DoNotStore, IdempotencyLayer,
-    IdempotencyService, Rejection,
+    IdempotencyService, Principal, Rejection,
 };
 pub use engine::{Engine, InProgressPolicy};
 pub use record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};

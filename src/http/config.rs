@@ -63,7 +63,7 @@ impl Config {
             header: IDEMPOTENCY_KEY,
             methods: vec![Method::POST, Method::PATCH],
             key_required: false,
-            scope: Arc::new(scope::by_authorization),
+            scope: Arc::new(scope::by_caller),
             anonymous_scope: false,
             fingerprint_headers: Vec::new(),
             max_request_body: 1024 * 1024,

@@ -32,7 +32,7 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// A layer over `store` with the defaults: POST and PATCH, key optional, scoped by the
-    /// `Authorization` header, 30 s lease, 24 h retention, duplicates of a running request
+    /// caller's [`Principal`](super::Principal) (else a hash of the `Authorization` header), 30 s lease, 24 h retention, duplicates of a running request
     /// wait up to 10 s, 1 MiB request and response limits. Other timings: build an engine
     /// with [`Engine::builder`] and use [`from_engine`](Self::from_engine).
     pub fn new(store: impl Store) -> Self {
@@ -104,14 +104,32 @@ impl IdempotencyLayer {
         self.with(|c| c.key_required = true)
     }
 
-    /// Scopes keys by what `scope` returns for the request head (a tenant, an authenticated
-    /// user id from an extension, ...), instead of a hash of the `Authorization` header.
-    /// Every request then has a scope: return a value that differs per caller.
+    /// Scopes keys by what `scope` returns for the request head, instead of the default (the
+    /// [`Principal`](super::Principal), else a hash of the `Authorization` header). Every
+    /// request then has a scope: return a value that differs per caller, derived from what
+    /// your authentication layer verified, never from what the client merely sent (an
+    /// unverified token's claims, a tenant header the caller chooses): whoever can choose the
+    /// scope reads the stored responses of that scope.
+    ///
+    /// The recipe for a caller your authentication layer put in the extensions as a type of
+    /// its own (here a session), when inserting a `Principal` is not an option:
     ///
     /// ```
     /// use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+    ///
+    /// /// What the session middleware inserts once it has checked the session cookie.
+    /// #[derive(Clone)]
+    /// struct Session {
+    ///     user_id: u64,
+    /// }
+    ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new()).scope_with(|parts| {
-    ///     parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    ///     match parts.extensions.get::<Session>() {
+    ///         Some(session) => format!("user:{}", session.user_id),
+    ///         // Not signed in: one scope for all of them; or keep the default and let the
+    ///         // layer refuse keyed anonymous requests (`400 missing-identity`).
+    ///         None => "anonymous".to_owned(),
+    ///     }
     /// });
     /// ```
     pub fn scope_with<F>(self, scope: F) -> Self

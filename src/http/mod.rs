@@ -10,7 +10,7 @@
 //! | duplicate of a request still running | waits for it and replays its response (default, up to 10 s); past the wait, with `InProgressPolicy::Reject`, or beyond 1024 waiters on the key (`max_waiters_per_key`): `409` + `Retry-After` |
 //! | no key, key optional (default) | passes through unprotected (never grouped under a shared key) |
 //! | no key where the route requires one | `400` |
-//! | key but no caller identity (no `Authorization`, default scope) | `400` (`missing-identity`), nothing run or looked up; `shared_anonymous_scope()` opts into one shared scope |
+//! | key but no caller identity (no `Principal`, no `Authorization`, default scope) | `400` (`missing-identity`), nothing run or looked up; `shared_anonymous_scope()` opts into one shared scope |
 //! | key empty, over 255 characters, not visible ASCII, or sent twice | `400` |
 //! | same key, different method / path / query / body | `422` |
 //! | request body over the limit (1 MiB) | `413`, handler not run |
@@ -36,10 +36,17 @@
 //!   replayed — including 4xx. A handler that answered "invalid input" without doing anything
 //!   can put `DoNotStore` in the response's extensions so that the fixed request may reuse its
 //!   key; `IdempotencyLayer::store_status` changes the rule for all routes.
-//! - **Keys are scoped.** By default by a hash of the `Authorization` header (never stored raw):
-//!   the same key from two callers is two operations. `scope_with` scopes by tenant or user
-//!   (cookie sessions, API-key headers, mTLS: derive the scope from what identifies the caller).
-//!   A keyed request without `Authorization` is refused with `400 missing-identity` rather than
+//! - **Keys are scoped** by the caller: the same key from two callers is two operations. By
+//!   default the caller is the [`Principal`] your authentication layer put in the request's
+//!   extensions after verifying its credentials (hashed, never stored raw), so a retry sent
+//!   with a refreshed access token is replayed. **Without a principal the scope is a hash of
+//!   the `Authorization` header**, and a token refreshed between an attempt and its retry (as
+//!   OAuth SDKs do by themselves) lands in a new scope: the retry runs again. So put the
+//!   authentication layer outside this one (it runs first) and have it insert a
+//!   `Principal`; never build one from unverified token contents, or a forged token reads
+//!   its victim's stored responses. `scope_with` scopes by anything else that identifies the
+//!   caller (a tenant, a session, an mTLS identity; see its docs for a recipe).
+//!   A keyed request without a principal or `Authorization` is refused with `400 missing-identity` rather than
 //!   filed under one scope shared by every anonymous caller, where one caller would be replayed
 //!   another's response, or learn through a `422` that a key exists. Refusing beats running it
 //!   unprotected: its client sent a key because a retry must not run twice, and a silent
@@ -140,4 +147,5 @@ pub use key::{InvalidKey, MAX_KEY_LEN};
 pub use layer::IdempotencyLayer;
 pub use policy::{is_final_by_default, DoNotStore};
 pub use rejection::Rejection;
+pub use scope::Principal;
 pub use service::{IdempotencyService, ResponseFuture};

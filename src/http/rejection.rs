@@ -50,8 +50,9 @@ pub enum Rejection {
     /// The key header is malformed.
     #[error("the Idempotency-Key header is malformed: {0}")]
     InvalidKey(InvalidKey),
-    /// The request has a key but no caller identity to scope it by (no `Authorization`
-    /// header, with the default scope), and the layer does not allow a shared anonymous
+    /// The request has a key but no caller identity to scope it by (no
+    /// [`Principal`](super::Principal) and no `Authorization` header, with the default
+    /// scope), and the layer does not allow a shared anonymous
     /// scope. Nothing was run or looked up.
     #[error("the request has an idempotency key but no caller identity to scope it by")]
     MissingIdentity,
@@ -180,7 +181,7 @@ impl Rejection {
                 S::BAD_REQUEST,
                 "urn:tower-idempotency:missing-identity",
                 "Caller identity required",
-                "this request carries an idempotency key but no caller identity (no Authorization header), so its key cannot be kept apart from other callers' keys; nothing was run — send the request with your credentials".to_owned(),
+                "this request carries an idempotency key but no caller identity (no verified principal, no Authorization header), so its key cannot be kept apart from other callers' keys; nothing was run — send the request with your credentials".to_owned(),
             ),
             Rejection::InvalidKey(why) => (S::BAD_REQUEST, "urn:tower-idempotency:invalid-key", "Invalid idempotency key", why.to_string()),
             Rejection::BodyUnreadable => (
