@@ -41,7 +41,7 @@
 //! };
 //!
 //! /// A store that delegates to another (here the memory store): a real backend puts its own
-//! /// atomic claim and fenced updates in these six methods.
+//! /// atomic claim and fenced updates in these seven methods.
 //! struct Delegating(MemoryStore);
 //!
 //! #[async_trait]
@@ -62,6 +62,9 @@
 //!     }
 //!     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
 //!         self.0.lookup(key).await
+//!     }
+//!     async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+//!         self.0.forget(key).await
 //!     }
 //!     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
 //!         self.0.purge_expired(batch).await
@@ -305,6 +308,40 @@ pub async fn release_then_reclaim(store: DynStore) {
     assert_ne!(first, second);
 }
 
+/// `forget` deletes a key's record whatever its state, and only that key's: a claim in
+/// progress (whose token is then stale, and whose key is claimed afresh), a completed record;
+/// an absent key is nothing to forget.
+pub async fn forget_deletes_any_record_of_the_key(store: DynStore) {
+    let scope = fresh_scope();
+    let (key, other) = (StoreKey::new(&*scope, "k"), StoreKey::new(&*scope, "other"));
+    assert!(!store.forget(&key).await.unwrap(), "forgot an absent key");
+    let first = token_of(store.claim(&key, &fp("a"), LEASE).await.unwrap());
+    let kept = token_of(store.claim(&other, &fp("a"), LEASE).await.unwrap());
+    assert!(store.forget(&key).await.unwrap(), "a claim in progress");
+    assert_eq!(store.lookup(&key).await.unwrap(), None);
+    assert!(matches!(
+        store.release(&key, first).await,
+        Err(StoreError::StaleToken)
+    ));
+    let second = token_of(store.claim(&key, &fp("b"), LEASE).await.unwrap());
+    assert_ne!(first, second);
+    store
+        .complete(&key, second, Bytes::from_static(b"done"), RETENTION)
+        .await
+        .unwrap();
+    assert!(store.forget(&key).await.unwrap(), "a completed record");
+    assert_eq!(store.lookup(&key).await.unwrap(), None);
+    assert!(!store.forget(&key).await.unwrap(), "forgot twice");
+    // The other key of the scope is untouched.
+    assert_eq!(
+        store.lookup(&other).await.unwrap(),
+        Some(Record::InProgress {
+            fingerprint: fp("a")
+        })
+    );
+    store.release(&other, kept).await.unwrap();
+}
+
 /// Completed payloads (empty, binary, large) come back byte for byte.
 pub async fn completed_payload_round_trips_byte_for_byte(store: DynStore) {
     let scope = fresh_scope();
@@ -520,6 +557,7 @@ where
     stale_token_changes_nothing(open().await).await;
     unknown_token_is_stale(open().await).await;
     release_then_reclaim(open().await).await;
+    forget_deletes_any_record_of_the_key(open().await).await;
     completed_payload_round_trips_byte_for_byte(open().await).await;
     renewed_lease_is_not_taken_over(open().await).await;
     completed_record_expires_after_retention(open().await).await;

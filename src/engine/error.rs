@@ -39,6 +39,17 @@ pub enum EngineError {
         #[source]
         source: StoreError,
     },
+
+    /// The store holds a record under this key that it cannot read
+    /// ([`StoreError::Corrupt`]): damaged, or written by something else. The operation it
+    /// belongs to may have run, so this one was not; retrying cannot help until an operator
+    /// removes the record with [`Store::forget`](crate::store::Store::forget).
+    #[error("the record stored under this idempotency key cannot be read; nothing was run, and the key stays unusable until an operator forgets its record")]
+    Unreadable {
+        /// The store's error ([`StoreError::Corrupt`]).
+        #[source]
+        source: StoreError,
+    },
 }
 
 /// Why [`Engine::run_once`](super::Engine::run_once) failed.

@@ -401,12 +401,7 @@ impl Engine {
                 Seen::Busy => None,
                 // Released or expired: whoever claims next runs it — maybe us.
                 Seen::Absent => self.claim(&key, &fingerprint).await?,
-                Seen::Failed(error) => {
-                    return Err(self.unavailable(
-                        &key,
-                        StoreError::backend("shared lookup", SharedError(error)),
-                    ))
-                }
+                Seen::Failed(error) => return Err(self.lookup_failed(&key, error)),
             };
             if let Some(begin) = decided {
                 return Ok(begin);
@@ -459,12 +454,28 @@ impl Engine {
     }
 
     pub(crate) fn unavailable(&self, key: &StoreKey, source: StoreError) -> EngineError {
+        if let StoreError::Corrupt { .. } = source {
+            return unreadable(key, source);
+        }
         tracing::warn!(key = %key.log_id(), error = %source, "idempotency store unavailable");
         crate::metrics::request(crate::metrics::STORE_UNAVAILABLE);
         EngineError::Store {
             retry_after: self.shared.config.retry_after,
             source,
         }
+    }
+
+    /// The answer for a waiter whose key's shared lookup failed with `error`.
+    pub(crate) fn lookup_failed(&self, key: &StoreKey, error: Arc<StoreError>) -> EngineError {
+        let source = match &*error {
+            // Each waiter gets the store's own verdict, not a backend failure wrapping it.
+            StoreError::Corrupt { backend, detail } => StoreError::Corrupt {
+                backend,
+                detail: detail.clone(),
+            },
+            _ => StoreError::backend("shared lookup", SharedError(error)),
+        };
+        self.unavailable(key, source)
     }
 
     /// Runs a fenced store write, retrying backend failures with backoff. A stale token is
@@ -500,6 +511,15 @@ impl Engine {
             }
         }
     }
+}
+
+/// The answer for a request whose key holds a record the store cannot read: permanent, so it
+/// is logged as an error with what an operator needs to forget the record (its scope; the
+/// client knows its key), and counted.
+fn unreadable(key: &StoreKey, source: StoreError) -> EngineError {
+    tracing::error!(key = %key.log_id(), scope = %key.scope(), error = %source, "the record under this key cannot be read; answering record-unreadable until an operator forgets it (Store::forget)");
+    crate::metrics::request(crate::metrics::RECORD_UNREADABLE);
+    EngineError::Unreadable { source }
 }
 
 impl std::fmt::Debug for Engine {

@@ -30,6 +30,7 @@ pub(super) fn rejection_for(error: EngineError) -> Rejection {
         EngineError::InProgress { retry_after } => Rejection::InProgress { retry_after },
         EngineError::Busy { retry_after } => Rejection::StoreBusy { retry_after },
         EngineError::Store { retry_after, .. } => Rejection::StoreUnavailable { retry_after },
+        EngineError::Unreadable { .. } => Rejection::RecordUnreadable,
     }
 }
 
@@ -60,14 +61,10 @@ pub(super) fn replay(config: &Config, grpc: bool, payload: Bytes) -> Response<Re
             render(config, grpc, Rejection::ResponseNotStored { status })
         }
         Err(error) => {
-            tracing::error!(%error, "stored response cannot be decoded");
-            render(
-                config,
-                grpc,
-                Rejection::StoreUnavailable {
-                    retry_after: std::time::Duration::from_secs(1),
-                },
-            )
+            // Permanent: the same bytes are read for every retry until the record is forgotten.
+            tracing::error!(%error, "the stored response cannot be decoded; answering record-unreadable until an operator forgets the record (Store::forget)");
+            crate::metrics::request(crate::metrics::RECORD_UNREADABLE);
+            render(config, grpc, Rejection::RecordUnreadable)
         }
     }
 }

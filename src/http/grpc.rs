@@ -44,6 +44,7 @@
 //! | the call's `grpc-timeout` passed while it waited for the first one | `DEADLINE_EXCEEDED` |
 //! | first call completed but its response was too large to store | `ALREADY_EXISTS` |
 //! | the handler panicked, its body failed, it kept the transaction | `INTERNAL` |
+//! | the record under the key cannot be read (until an operator forgets it) | `DATA_LOSS` |
 //!
 //! # Streaming
 //!
@@ -84,6 +85,7 @@ mod code {
     pub(super) const UNIMPLEMENTED: i32 = 12;
     pub(super) const INTERNAL: i32 = 13;
     pub(super) const UNAVAILABLE: i32 = 14;
+    pub(super) const DATA_LOSS: i32 = 15;
     pub(super) const UNAUTHENTICATED: i32 = 16;
 }
 
@@ -140,6 +142,7 @@ fn status_for(rejection: &Rejection) -> (i32, Option<Duration>) {
         Rejection::HandlerPanicked | Rejection::ResponseBodyFailed | Rejection::TransactionHeld => {
             code::INTERNAL
         }
+        Rejection::RecordUnreadable => code::DATA_LOSS,
     };
     (code, rejection.retry_after())
 }
@@ -264,6 +267,15 @@ mod tests {
             .to_str()
             .unwrap()
             .contains("outcome is unknown"));
+    }
+
+    /// A retry cannot cure it: no pushback, and the code that says the data is lost.
+    #[test]
+    fn an_unreadable_record_is_data_loss_without_pushback() {
+        let response: Response<()> = rejection_response(&Rejection::RecordUnreadable);
+        let headers = response.headers();
+        assert_eq!(headers["grpc-status"], code::DATA_LOSS.to_string().as_str());
+        assert!(headers.get("grpc-retry-pushback-ms").is_none());
     }
 
     #[test]

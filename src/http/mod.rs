@@ -16,6 +16,7 @@
 //! | request body over the limit (1 MiB) | `413`, handler not run |
 //! | request body broken mid-upload | `400`, nothing claimed |
 //! | store unreachable | `503` + `Retry-After`, handler **not** run |
+//! | the key's record cannot be read (damaged, or written by something else; a stored response that does not decode) | `500` (`record-unreadable`), no `Retry-After`: its request may have run, so this one is not; answered (and counted, `record_unreadable`) until an operator removes the record with `Store::forget` |
 //! | transactional mode: the commit refused by the database | `503` + `Retry-After` (`not-committed`), nothing persists |
 //! | transactional mode: the connection breaks during the commit | `503` + `Retry-After` (`outcome-unknown`): it may have committed; a retry with the key replays it, or runs once if not. A request without a key: `500` (`outcome-unknown`), no `Retry-After`: nothing records it, so a retry may apply it twice |
 //! | handler answers 5xx, 408, 409, 425 or 429, fails, or panics (→ `500`) | key released: a retry runs again |
@@ -25,7 +26,7 @@
 //!
 //! Every rejection is `application/problem+json` (RFC 9457) with a stable `type`
 //! (`urn:tower-idempotency:missing-key`, `invalid-key`, `missing-identity`, `key-reused`, `in-progress`,
-//! `store-unavailable`, `body-too-large`, `body-unreadable`, `response-not-stored`,
+//! `store-unavailable`, `record-unreadable`, `body-too-large`, `body-unreadable`, `response-not-stored`,
 //! `handler-panicked`, `response-body-failed`, and in the transactional mode `not-committed`,
 //! `outcome-unknown`, `transaction-held`); `IdempotencyLayer::on_rejection` replaces the
 //! rendering.

@@ -26,6 +26,7 @@ use crate::problem::Problem;
 /// | [`StoreBusy`](Self::StoreBusy) | 409 + `Retry-After` | `urn:tower-idempotency:store-busy` |
 /// | [`ResponseNotStored`](Self::ResponseNotStored) | 409 | `urn:tower-idempotency:response-not-stored` |
 /// | [`StoreUnavailable`](Self::StoreUnavailable) | 503 + `Retry-After` | `urn:tower-idempotency:store-unavailable` |
+/// | [`RecordUnreadable`](Self::RecordUnreadable) | 500 | `urn:tower-idempotency:record-unreadable` |
 /// | [`HandlerPanicked`](Self::HandlerPanicked) | 500 | `urn:tower-idempotency:handler-panicked` |
 /// | [`ResponseBodyFailed`](Self::ResponseBodyFailed) | 500 | `urn:tower-idempotency:response-body-failed` |
 /// | [`NotCommitted`](Self::NotCommitted) | 503 + `Retry-After` | `urn:tower-idempotency:not-committed` |
@@ -97,6 +98,13 @@ pub enum Rejection {
         /// Suggested delay before retrying.
         retry_after: Duration,
     },
+    /// The store holds a record under this key that cannot be read (damaged, or written by
+    /// something else), or one whose stored response cannot be decoded. The request it
+    /// belongs to may have run, so this one was not run; retrying cannot help (no
+    /// `Retry-After`) until an operator removes the record with
+    /// [`Store::forget`](crate::store::Store::forget).
+    #[error("the record stored under this idempotency key cannot be read; the request it belongs to may have run, so this one was not; an operator must clear the record")]
+    RecordUnreadable,
     /// The inner service panicked; its claim was released, so a retry runs it again.
     #[error("the handler panicked; its claim was released, so a retry runs it again")]
     HandlerPanicked,
@@ -225,6 +233,12 @@ impl Rejection {
                 "urn:tower-idempotency:store-unavailable",
                 "Idempotency store unavailable",
                 format!("the request was not run because its idempotency key could not be recorded; retry in {} s", retry_after_secs(*retry_after)),
+            ),
+            Rejection::RecordUnreadable => (
+                S::INTERNAL_SERVER_ERROR,
+                "urn:tower-idempotency:record-unreadable",
+                "Stored record unreadable",
+                "the record stored under this idempotency key cannot be read (it is damaged, or was written by something else); the request it belongs to may have run, so this one was not run, and retrying will not help until the service's operators clear the record: report the idempotency key to them".to_owned(),
             ),
             Rejection::HandlerPanicked => (
                 S::INTERNAL_SERVER_ERROR,

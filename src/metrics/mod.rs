@@ -22,7 +22,7 @@
 //!
 //! | Metric | Kind | Labels |
 //! |---|---|---|
-//! | `idempotency_requests_total` | counter | `outcome`: `executed`, `replayed`, `key_reused`, `in_progress`, `store_unavailable`, `busy`, `rejected` (with `reason`: `missing_key`, `invalid_key`, `missing_identity`, `body_unreadable`, `body_too_large`, `handler_panicked`, `response_body_failed`, `not_committed`, `outcome_unknown` (a commit whose connection broke: it may have committed), `transaction_held`, `not_unary`, `deadline_exceeded`) |
+//! | `idempotency_requests_total` | counter | `outcome`: `executed`, `replayed`, `key_reused`, `in_progress`, `store_unavailable`, `busy`, `record_unreadable` (a record that cannot be read, until an operator forgets it), `rejected` (with `reason`: `missing_key`, `invalid_key`, `missing_identity`, `body_unreadable`, `body_too_large`, `handler_panicked`, `response_body_failed`, `not_committed`, `outcome_unknown` (a commit whose connection broke: it may have committed), `transaction_held`, `not_unary`, `deadline_exceeded`) |
 //! | `idempotency_waits_total`, `idempotency_wait_seconds` | counter, histogram | |
 //! | `idempotency_store_operation_seconds` | histogram | `operation`: `claim`, `lookup`, `complete`, `release` |
 //! | `idempotency_store_errors_total` | counter | `operation` |
@@ -58,6 +58,11 @@ pub const STORE_UNAVAILABLE: &str = "store_unavailable";
 /// The `outcome` of a request whose turn at a busy single-writer database (SQLite) did not
 /// come within its wait (409).
 pub const BUSY: &str = "busy";
+/// The `outcome` of a request whose key holds a record that cannot be read (damaged, or
+/// written by something else): answered `500` `record-unreadable` until an operator forgets
+/// the record (`Store::forget`). A record whose stored HTTP response cannot be decoded is
+/// counted here too, after its lookup was counted as [`REPLAYED`].
+pub const RECORD_UNREADABLE: &str = "record_unreadable";
 /// The `outcome` of a request the HTTP layer rejected itself; see its `reason` label.
 pub const REJECTED: &str = "rejected";
 /// The `reason` of a [`REJECTED`] request whose transaction's `COMMIT` lost its connection
@@ -96,9 +101,11 @@ pub(crate) fn rejected(reason: &'static str) {
 pub(crate) fn http_rejection(rejection: &crate::http::Rejection) {
     use crate::http::Rejection as R;
     let reason = match rejection {
-        R::KeyReused | R::InProgress { .. } | R::StoreBusy { .. } | R::StoreUnavailable { .. } => {
-            return
-        }
+        R::KeyReused
+        | R::InProgress { .. }
+        | R::StoreBusy { .. }
+        | R::StoreUnavailable { .. }
+        | R::RecordUnreadable => return,
         R::ResponseNotStored { .. } => return,
         R::MissingKey | R::MissingMessageKey => "missing_key",
         R::InvalidKey(_) => "invalid_key",

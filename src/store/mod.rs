@@ -16,7 +16,8 @@
 //!    stored record is in progress under exactly that token. Otherwise they change nothing and
 //!    return [`StoreError::StaleToken`].
 //! 3. **`lookup` reports only live records** (same expiry rule as `claim`), and may be
-//!    called freely by waiters: it never decides who runs.
+//!    called freely by waiters: it never decides who runs. **`forget` deletes** whatever is
+//!    under a key, unfenced: an operator's tool, which the engine never calls.
 //! 4. **Clocks are the store's.** Leases and retention are measured by the store's own clock
 //!    (the database's `now()`, Redis server time, the process' monotonic clock in memory),
 //!    never by a timestamp the application passes in.
@@ -58,7 +59,7 @@
 //! A backend is one implementation of `store::Store`. Its contract is above:
 //! `claim` is ONE atomic operation (a lookup followed by an insert is not a claim); `renew`,
 //! `complete` and `release` act only under the claim's token (else `StoreError::StaleToken`);
-//! `lookup` reports live records only; leases and retention run on the store's clock; payloads
+//! `lookup` reports live records only; `forget` deletes a key's record whatever its state; leases and retention run on the store's clock; payloads
 //! round-trip byte for byte; backend failures are `StoreError::Backend` with their source.
 //!
 //! Its tests run the public conformance suite (feature `conformance`): each check takes a store
@@ -84,6 +85,30 @@
 //! 5. **Benchmarks**: a case in `benches/stores.rs` (claim and replay), and, for a load figure,
 //!    a section of its own in `scripts/bench.d/<name>.sh`.
 //! 6. **Docs**: a row in the table under [Backends](#backends) here and in the README's store table.
+//!
+//! # Clearing a record that cannot be read
+//!
+//! A record the store cannot decode (`StoreError::Corrupt`: damaged, or written by another
+//! program or a format this version does not read), or one whose stored HTTP response does
+//! not decode, is a permanent condition: every request with its key is answered `500`
+//! `urn:tower-idempotency:record-unreadable` (gRPC `DATA_LOSS`), runs nothing, and is counted
+//! (`idempotency_requests_total{outcome="record_unreadable"}`), until the record expires or an
+//! operator removes it. Each answer is logged at error level with the key's log id and its
+//! scope; the client knows its key. Remove the record with [`Store::forget`]:
+//!
+//! ```no_run
+//! # async fn clear(layer: tower_idempotency::IdempotencyLayer) -> Result<(), tower_idempotency::store::StoreError> {
+//! use tower_idempotency::StoreKey;
+//! // The scope from the error log, the key from the client.
+//! let key = StoreKey::new("auth:3f7a9c0e5b1d2c4a8e6f0b1c2d3e4f5a", "order-7");
+//! let removed = layer.engine().store().forget(&key).await?;
+//! # let _ = removed; Ok(()) }
+//! ```
+//!
+//! or in the store itself: `DELETE FROM tower_idempotency_records WHERE scope = '…' AND key =
+//! '…'` (MySQL: `` `key` ``), or Redis `DEL <prefix><hex digest>` (`RedisStore::redis_key`).
+//! The next request with the key then runs the operation again: check first whether the
+//! original took effect.
 //!
 //! # Redis: one node or a Redis Cluster
 //!
@@ -197,6 +222,16 @@ pub trait Store: Send + Sync + 'static {
     /// The live record under `key`, if any.
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError>;
 
+    /// Deletes whatever is stored under `key` (a claim in progress, a completed record, a
+    /// record the store cannot read), whoever holds it; returns whether there was one. The
+    /// next request with the key runs the operation again.
+    ///
+    /// An operator's tool, never called by the engine: it clears a record that answers
+    /// `record-unreadable` ([`StoreError::Corrupt`]), or lets a key run again on purpose. Not
+    /// while the key's operation may still be running: its owner loses the claim (its
+    /// `complete` and `release` then find a stale token), and a duplicate may run alongside.
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError>;
+
     /// Deletes up to `batch` expired records (expired claims and completed records past their
     /// retention) and returns how many it deleted. Call it repeatedly until it returns less
     /// than `batch` to purge everything; each call is short so it never holds long locks.
@@ -252,6 +287,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
         (**self).lookup(key).await
+    }
+
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        (**self).forget(key).await
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {

@@ -104,6 +104,7 @@ struct Statements {
     /// however long the operation ran past the lease.
     complete_held: SqlStr,
     release: SqlStr,
+    forget: SqlStr,
     purge: SqlStr,
 }
 
@@ -176,6 +177,7 @@ impl Statements {
                  WHERE scope = ? AND `key` = ? AND token = ?"
             )),
             release: statement(format!("DELETE FROM {t} WHERE {fence}")),
+            forget: statement(format!("DELETE FROM {t} WHERE scope = ? AND `key` = ?")),
             // ORDER BY the full index order (InnoDB appends the primary key to secondary
             // indexes) makes the batch deterministic, so statement-based replication deletes
             // the same rows on replicas, and walks the expiry index from its oldest end.
@@ -623,6 +625,16 @@ impl Store for MySqlStore {
             .await?
             .map(|(fingerprint, _, payload)| sql::decode_record(BACKEND, &fingerprint, payload))
             .transpose()
+    }
+
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let result = sqlx::query(self.sql.forget.clone())
+            .bind(key.scope().as_bytes())
+            .bind(key.key().as_bytes())
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(result.rows_affected() > 0)
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {

@@ -134,6 +134,7 @@ struct Statements {
     complete: SqlStr,
     release: SqlStr,
     lookup: SqlStr,
+    forget: SqlStr,
     purge: SqlStr,
 }
 
@@ -206,6 +207,7 @@ SELECT false, fingerprint, payload FROM live"
             "SELECT fingerprint, payload FROM {t}
     WHERE scope = $1 AND key = $2 AND expires_at > now()"
         );
+        let forget = format!("DELETE FROM {t} WHERE scope = $1 AND key = $2");
         // SKIP LOCKED lets concurrent purgers (one per process) split the work instead of
         // queueing, and leaves alone a row a claim is taking over right now. The outer
         // expiry test re-checks the row version actually deleted, so a row taken over after
@@ -226,6 +228,7 @@ SELECT false, fingerprint, payload FROM live"
             complete: statement(complete),
             release: statement(release),
             lookup: statement(lookup),
+            forget: statement(forget),
             purge: statement(purge),
         }
     }
@@ -480,6 +483,16 @@ impl Store for PostgresStore {
             .await
             .map_err(backend)?;
         row.as_ref().map(record_from_row).transpose()
+    }
+
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let done = sqlx::query(self.sql.forget.clone())
+            .bind(key.scope())
+            .bind(key.key())
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {

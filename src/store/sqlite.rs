@@ -104,6 +104,7 @@ struct Statements {
     /// however long the operation ran past the lease.
     complete_held: SqlStr,
     release: SqlStr,
+    forget: SqlStr,
     purge: SqlStr,
 }
 
@@ -165,6 +166,7 @@ impl Statements {
                 "DELETE FROM {t} \
                  WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
             )),
+            forget: statement(format!("DELETE FROM {t} WHERE scope = ?1 AND \"key\" = ?2")),
             // Through rowid so the batch can be bounded (plain DELETE .. LIMIT needs a
             // compile-time option the bundled SQLite lacks).
             purge: statement(format!(
@@ -552,6 +554,16 @@ impl Store for SqliteStore {
 
     async fn lookup(&self, key: &StoreKey) -> Result<Option<Record>, StoreError> {
         self.lookup_on(&self.pool, key).await
+    }
+
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let result = sqlx::query(self.sql.forget.clone())
+            .bind(key.scope())
+            .bind(key.key())
+            .execute(&self.pool)
+            .await
+            .map_err(|err| sql::backend(BACKEND, err))?;
+        Ok(result.rows_affected() > 0)
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {

@@ -147,10 +147,9 @@ const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 use crate::{
     engine::{
         waiters::{KeyWatch, Seen},
-        Engine, EngineError, InProgressPolicy, SharedError,
+        Engine, EngineError, InProgressPolicy,
     },
     record::{Fingerprint, Record, StoreKey},
-    store::StoreError,
 };
 
 /// Runs operations at most once per key with their effects and their recorded outcome in
@@ -281,12 +280,7 @@ impl<S: TransactionalStore> Transactional<S> {
                 Seen::Busy => None,
                 // Rolled back or never there: whoever claims next runs it — maybe us.
                 Seen::Absent => self.try_begin(&key, &fingerprint).await?,
-                Seen::Failed(error) => {
-                    return Err(engine.unavailable(
-                        &key,
-                        StoreError::backend("shared lookup", SharedError(error)),
-                    ))
-                }
+                Seen::Failed(error) => return Err(engine.lookup_failed(&key, error)),
             };
             if let Some(begin) = decided {
                 return Ok(begin);

@@ -135,6 +135,11 @@ impl Store for Faulty {
         self.inner.lookup(key).await
     }
 
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        self.gate().await?;
+        self.inner.forget(key).await
+    }
+
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
         self.gate().await?;
         self.inner.purge_expired(batch).await

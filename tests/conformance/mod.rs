@@ -54,6 +54,10 @@ macro_rules! conformance_tests {
         case!(unknown_token_is_stale, conformance::unknown_token_is_stale);
         case!(release_then_reclaim, conformance::release_then_reclaim);
         case!(
+            forget_deletes_any_record_of_the_key,
+            conformance::forget_deletes_any_record_of_the_key
+        );
+        case!(
             completed_payload_round_trips_byte_for_byte,
             conformance::completed_payload_round_trips_byte_for_byte
         );

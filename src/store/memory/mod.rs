@@ -338,6 +338,15 @@ impl Store for MemoryStore {
             .map(|slot| slot.record()))
     }
 
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let digest = key.digest();
+        let freed = self.shard(&digest).remove(&digest);
+        if let Some(freed) = freed {
+            self.inner.budget.give_back(freed);
+        }
+        Ok(freed.is_some())
+    }
+
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
         Ok(self.sweep_all(u64::from(batch)))
     }

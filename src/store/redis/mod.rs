@@ -648,6 +648,15 @@ impl Store for RedisStore {
         value.map(decode).transpose()
     }
 
+    async fn forget(&self, key: &StoreKey) -> Result<bool, StoreError> {
+        let deleted: u64 = redis::cmd("DEL")
+            .arg(self.redis_key(key))
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(backend)?;
+        Ok(deleted > 0)
+    }
+
     async fn purge_expired(&self, _batch: u32) -> Result<u64, StoreError> {
         // Every record carries its own PX, and Redis deletes expired keys by itself; finding
         // ours would mean a SCAN of the whole keyspace, on every node of a cluster.
