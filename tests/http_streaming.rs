@@ -212,3 +212,71 @@ async fn a_body_dropped_mid_stream_is_still_recorded() {
     assert_eq!(replayed, "part 1;part 2");
     assert_eq!(runs.count(), 1);
 }
+
+/// Clients that hang up right after the headers of an endless stream (server-sent events,
+/// say): the rest of each body is read in the background under the same limits as a detached
+/// handler. At most `max` such drains hold their claims at once (the others are dropped at
+/// the hang-up, their keys released), and each ends `lifetime` after its request arrived,
+/// not after the hang-up, releasing its key. Virtual time: the handler takes 6 s before its
+/// headers, the lifetime is 10 s, so a drain ends at 10 s, not at 16 s.
+#[tokio::test(start_paused = true)]
+async fn streams_abandoned_after_their_headers_obey_the_detach_limits() {
+    let runs = Runs::default();
+    let layer = layer_with(MemoryStore::new(), |e| e).detach_limits(2, Duration::from_secs(10));
+    let engine = layer.engine().clone();
+    let events = |State(runs): State<Runs>| async move {
+        runs.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let ticks = futures_util::stream::unfold(0u64, |n| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let frame = Frame::data(Bytes::from(format!("data: {n}\n\n")));
+            Some((Ok::<_, Infallible>(frame), n + 1))
+        });
+        Response::new(Body::new(StreamBody::new(ticks)))
+    };
+    let app = Router::new()
+        .route("/events", post(events))
+        .with_state(runs.clone())
+        .layer(layer);
+    let keyed = |key: String| {
+        Request::post("/events")
+            .header("authorization", "Bearer alice")
+            .header("idempotency-key", key)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let arrived = tokio::time::Instant::now();
+    let clients: Vec<_> = (0..8)
+        .map(|i| tokio::spawn(app.clone().oneshot(keyed(format!("sse-{i}")))))
+        .collect();
+    for client in clients {
+        let response = client.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        // The client hangs up after the headers.
+        drop(response);
+    }
+    assert_eq!(runs.count(), 8);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        engine.in_flight(),
+        2,
+        "claims held by abandoned streams beyond the detach limit"
+    );
+
+    tokio::time::sleep_until(arrived + Duration::from_millis(10_100)).await;
+    assert_eq!(
+        engine.in_flight(),
+        0,
+        "an abandoned stream outlived its request's lifetime"
+    );
+    // Every key was released: each retry runs again.
+    for i in 0..8 {
+        let response = app
+            .clone()
+            .oneshot(keyed(format!("sse-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(runs.count(), 16);
+}

@@ -66,19 +66,25 @@ impl<T> Drop for DetachOnDrop<T> {
     }
 }
 
-/// Hands unfinished `work` to a task of its own, within a free slot and until `deadline`.
-fn detach<T: Send + 'static>(work: BoxFuture<T>, slots: &Arc<Semaphore>, deadline: Instant) {
+/// Hands unfinished `work` (a handler, or the rest of a response body whose caller left) to
+/// a task of its own, within a free slot and until `deadline`; otherwise drops it, which
+/// releases the key of the claim it holds.
+pub(crate) fn detach<T: Send + 'static>(
+    work: BoxFuture<T>,
+    slots: &Arc<Semaphore>,
+    deadline: Instant,
+) {
     let Ok(slot) = slots.clone().try_acquire_owned() else {
-        tracing::warn!("caller went away and the detached-handler limit is reached; dropping the handler and releasing its key");
+        tracing::warn!("caller went away and the detached-work limit is reached; dropping the rest of its request and releasing its key");
         return;
     };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
-            tracing::debug!("caller went away; the handler finishes in the background");
+            tracing::debug!("caller went away; the rest of its request finishes in the background");
             runtime.spawn(async move {
                 if tokio::time::timeout_at(deadline, work).await.is_err() {
                     tracing::warn!(
-                        "detached handler reached its maximum lifetime; dropped, its key released"
+                        "detached work reached its request's maximum lifetime; dropped, its key released"
                     );
                 }
                 drop(slot);

@@ -282,6 +282,8 @@ impl IdempotencyLayer {
     /// Bounds the handlers that run on after their client left, which outer layers
     /// (`TimeoutLayer`, `ConcurrencyLimitLayer`) no longer bound: at most `max` of them at
     /// once (default 1024), each ended `lifetime` after its request arrived (default 60 s).
+    /// The rest of a response body whose client left mid-stream (after the headers of a
+    /// server-sent event stream, say) is read under the same limits, sharing the `max` slots.
     /// A handler that finds no free slot when its client leaves, or outlives `lifetime`, is
     /// dropped and its key released (a retry runs it again), so
     /// [`Engine::drained`] finishes.

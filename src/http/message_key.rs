@@ -55,6 +55,7 @@ pub(super) fn protect_by_message<S, ReqBody, ResBody>(
     config: Arc<Config>,
     extract: MessageKeyFn,
     request: Request<ReqBody>,
+    arrived: tokio::time::Instant,
 ) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
 where
     S: Wrapped<ReqBody, ResBody>,
@@ -76,7 +77,7 @@ where
         };
         let request = Request::from_parts(parts, ReqBody::from(body));
         match key.map(|key| validate(key.into_bytes())) {
-            Some(Ok(key)) => protect(inner, config, key, request).await,
+            Some(Ok(key)) => protect(inner, config, key, request, arrived).await,
             Some(Err(invalid)) => Ok(render(&config, true, Rejection::InvalidKey(invalid))),
             None if config.key_required => Ok(render(&config, true, Rejection::MissingMessageKey)),
             None => unprotected(inner, config, request).await,

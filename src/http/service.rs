@@ -13,6 +13,7 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{Request, Response};
 use http_body::Body;
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument;
@@ -128,17 +129,22 @@ impl<F, E> ResponseFuture<F, E> {
         }
     }
 
-    /// The protected work, detachable when the layer says so: a client hanging up at any
-    /// point (the claim in flight, the handler running, the outcome being written) must not
-    /// leave a claim behind that nobody completes or releases. The whole request's work is
-    /// detached rather than only what follows the claim, so its state is in one allocation
-    /// (and the detaching wrapper in a small one) instead of boxes inside boxes.
-    fn protected(future: BoxFuture<Result<Response<ResponseBody>, E>>, config: &Config) -> Self
+    /// The protected work of a request that `arrived` then, detachable when the layer says
+    /// so: a client hanging up at any point (the claim in flight, the handler running, the
+    /// outcome being written) must not leave a claim behind that nobody completes or
+    /// releases. The whole request's work is detached rather than only what follows the
+    /// claim, so its state is in one allocation (and the detaching wrapper in a small one)
+    /// instead of boxes inside boxes.
+    fn protected(
+        future: BoxFuture<Result<Response<ResponseBody>, E>>,
+        config: &Config,
+        arrived: Instant,
+    ) -> Self
     where
         E: Send + 'static,
     {
         let state = if config.detach {
-            let deadline = tokio::time::Instant::now() + config.max_handler_lifetime;
+            let deadline = arrived + config.max_handler_lifetime;
             State::Detachable {
                 future: DetachOnDrop::new(future, config.detached.clone(), deadline),
             }
@@ -210,8 +216,11 @@ where
             }
         };
         let inner = take_ready(&mut self.inner);
-        let work = protect(inner, config.clone(), key, request);
-        ResponseFuture::protected(work, config)
+        // One clock reading per request: the handler's lifetime, the rest of its response
+        // body's and a gRPC call's deadline all count from here.
+        let arrived = Instant::now();
+        let work = protect(inner, config.clone(), key, request, arrived);
+        ResponseFuture::protected(work, config, arrived)
     }
 }
 
@@ -230,8 +239,10 @@ where
     let config = &service.config;
     if let Some(extract) = message_key::extractor_for(config, &request) {
         let inner = take_ready(&mut service.inner);
-        let work = message_key::protect_by_message(inner, config.clone(), extract, request);
-        return ResponseFuture::protected(work, config);
+        let arrived = Instant::now();
+        let work =
+            message_key::protect_by_message(inner, config.clone(), extract, request, arrived);
+        return ResponseFuture::protected(work, config, arrived);
     }
     if config.key_required {
         let grpc = grpc::is_grpc(request.headers());
@@ -241,7 +252,7 @@ where
     if let Some(mode) = config.transactional.clone() {
         let inner = take_ready(&mut service.inner);
         let work = Box::pin(unkeyed(inner, mode, request, config.clone()));
-        return ResponseFuture::protected(work, config);
+        return ResponseFuture::protected(work, config, Instant::now());
     }
     ResponseFuture::passthrough(service.inner.call(request))
 }
@@ -254,12 +265,14 @@ fn take_ready<S: Clone>(inner: &mut S) -> S {
 
 /// A keyed request's work: read the body, claim, then run or replay. The part that needs no
 /// waiting runs now, so the future returned (boxed, as the response future keeps it) carries
-/// the request's parts once, not again as an argument of an `async fn`.
+/// the request's parts once, not again as an argument of an `async fn`. `arrived`: when the
+/// layer got the request, which its time limits count from.
 pub(super) fn protect<S, ReqBody, ResBody>(
     inner: S,
     config: Arc<Config>,
     key: String,
     request: Request<ReqBody>,
+    arrived: Instant,
 ) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
 where
     S: Wrapped<ReqBody, ResBody>,
@@ -277,11 +290,6 @@ where
         }
     };
     let key = StoreKey::new(scope, key);
-    // A gRPC call's deadline bounds its wait for the first call with its key.
-    let deadline = grpc
-        .then(|| grpc::timeout_of(&parts.headers))
-        .flatten()
-        .map(|timeout| tokio::time::Instant::now() + timeout);
     // DEBUG, as tower-http's `TraceLayer` spans are: at INFO a formatting subscriber builds
     // and formats every request's span, about a microsecond each. The engine's and the tee's
     // warnings and errors name their key themselves.
@@ -311,6 +319,7 @@ where
                         let unreadied = inner.clone();
                         drop(inner);
                         let waited = Box::pin(mode.wait_for(key.clone(), fingerprint));
+                        let deadline = call_deadline(grpc, &parts, arrived);
                         match within(deadline, waited).await {
                             None => return Ok(render(&config, grpc, Rejection::DeadlineExceeded)),
                             Some(Ok(HttpBegin::Run(owner))) => match ready(unreadied).await {
@@ -351,6 +360,7 @@ where
                 let unreadied = inner.clone();
                 drop(inner);
                 // Boxed: a rare path, kept out of every request's future.
+                let deadline = call_deadline(grpc, &parts, arrived);
                 match within(deadline, Box::pin(engine.wait_for(key, fingerprint))).await {
                     None => return Ok(render(&config, grpc, Rejection::DeadlineExceeded)),
                     Some(Ok(Begin::Run(claim))) => match ready(unreadied).await {
@@ -366,10 +376,19 @@ where
             }
             Err(error) => return Ok(render(&config, grpc, rejection_for(error))),
         };
-        handle(inner, claim, parts, body, config).await
+        handle(inner, claim, parts, body, config, arrived).await
     }
     .instrument(span);
     Box::pin(work)
+}
+
+/// A gRPC call's deadline (its `grpc-timeout` from when it arrived), which bounds its wait for
+/// the first call with its key; `None` for HTTP or a call without one. Read when a wait
+/// begins, so that the request's work need not carry it.
+fn call_deadline(grpc: bool, parts: &http::request::Parts, arrived: Instant) -> Option<Instant> {
+    grpc.then(|| grpc::timeout_of(&parts.headers))
+        .flatten()
+        .map(|timeout| arrived + timeout)
 }
 
 /// Runs the handler for the claim's owner. Its future is boxed: it is as large as the user's
@@ -382,6 +401,7 @@ fn handle<S, ReqBody, ResBody>(
     parts: http::request::Parts,
     body: Bytes,
     config: Arc<Config>,
+    arrived: Instant,
 ) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -393,11 +413,11 @@ where
 {
     let mut request = Request::from_parts(parts, ReqBody::from(body));
     request.extensions_mut().insert(claim.status());
-    Box::pin(execute(inner, claim, request, config))
+    Box::pin(execute(inner, claim, request, config, arrived))
 }
 
 /// `wait` bounded by `deadline`: `None` when the deadline came first.
-async fn within<F: Future>(deadline: Option<tokio::time::Instant>, wait: F) -> Option<F::Output> {
+async fn within<F: Future>(deadline: Option<Instant>, wait: F) -> Option<F::Output> {
     match deadline {
         None => Some(wait.await),
         Some(deadline) => tokio::time::timeout_at(deadline, wait).await.ok(),
@@ -451,6 +471,7 @@ fn execute<S, ReqBody, ResBody>(
     claim: Claim,
     request: Request<ReqBody>,
     config: std::sync::Arc<Config>,
+    arrived: Instant,
 ) -> impl Future<Output = Result<Response<ResponseBody>, S::Error>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -460,7 +481,7 @@ where
     let grpc = grpc::is_grpc(request.headers());
     let handler = AssertUnwindSafe(inner.call(request)).catch_unwind();
     async move {
-        let (release, answer) = settle(handler.await, claim, config, grpc);
+        let (release, answer) = settle(handler.await, claim, config, grpc, arrived);
         if let Some(release) = release {
             release.await;
         }
@@ -468,15 +489,18 @@ where
     }
 }
 
-/// What the owner's handler ended in: a final response passes on, teed for replay; its
-/// error, a panic or a response not to store gives the key up first (the release returned).
-/// Not async, so the handler's outcome is not carried twice through the future's states.
+/// What the owner's handler ended in: a final response passes on, teed for replay (the rest
+/// of its body bounded, should its caller leave, by the lifetime of a request that `arrived`
+/// then); its error, a panic or a response not to store gives the key up first (the release
+/// returned). Not async, so the handler's outcome is not carried twice through the future's
+/// states.
 #[allow(clippy::type_complexity)]
 fn settle<ResBody, E>(
     ended: Result<Result<Response<ResBody>, E>, Box<dyn std::any::Any + Send>>,
     claim: Claim,
     config: std::sync::Arc<Config>,
     grpc: bool,
+    arrived: Instant,
 ) -> (Option<BoxFuture<()>>, Result<Response<ResponseBody>, E>)
 where
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -499,6 +523,7 @@ where
     let (parts, response_body) = response.into_parts();
     // Passed through as it comes, copied for replay alongside; the claim is settled when the
     // body ends (see `tee`).
+    let deadline = arrived + config.max_handler_lifetime;
     let recorder = Recorder::new(
         claim,
         parts.status,
@@ -506,6 +531,7 @@ where
         &response_body.size_hint(),
         config,
         outcome == Outcome::ByTrailers,
+        deadline,
     );
     let body = body::boxed(Tee::new(body::boxed(response_body), recorder));
     (None, Ok(Response::from_parts(parts, body)))
@@ -534,7 +560,7 @@ mod tests {
             .header(http::header::AUTHORIZATION, "Bearer a")
             .body(Full::new(Bytes::from_static(b"{}")))
             .unwrap();
-        let work = protect(handler, config, "key".to_owned(), request);
+        let work = protect(handler, config, "key".to_owned(), request, Instant::now());
         let size = std::mem::size_of_val(&*work);
         assert!(size <= 1024, "a keyed request's work takes {size} bytes");
     }

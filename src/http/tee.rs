@@ -14,10 +14,13 @@
 //!   `response-not-stored`, as for any large body);
 //! - a body error: the key is released (the response was never whole), and the caller sees
 //!   the broken body;
-//! - dropped before its end (the client left): the rest is read in the background, bounded by
-//!   the layer's maximum handler lifetime, and recorded as above — the handler already did
-//!   its work, so a retry must not run it again. With `detach(false)` the key is released
-//!   instead, as for any request dropped before its end.
+//! - dropped before its end (the client left): the rest is read in the background and
+//!   recorded as above — the handler already did its work, so a retry must not run it again.
+//!   It is detached work like a handler whose caller left: it takes one of the
+//!   `detach_limits` slots (none free: the key is released at once) and ends with its
+//!   request's lifetime, counted from the request's arrival (then the key is released).
+//!   With `detach(false)` the key is released instead, as for any request dropped before its
+//!   end.
 
 use std::{
     future::Future,
@@ -31,9 +34,12 @@ use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 
+use tokio::time::Instant;
+
 use super::{
     body::ResponseBody,
     config::Config,
+    detach::detach,
     policy,
     replay::{self, Encoder},
 };
@@ -52,6 +58,9 @@ pub(crate) struct Recorder {
     over_limit: bool,
     /// A gRPC response whose trailers decide whether it is stored (`grpc-status`).
     by_trailers: bool,
+    /// The end of its request's lifetime: the rest of the body is not read past it, should
+    /// the caller leave.
+    deadline: Instant,
 }
 
 /// The body as the caller got it. A body of one frame (the common case) is kept as that
@@ -100,7 +109,7 @@ impl Kept {
 
 impl Recorder {
     /// Starts recording a response with `status` and `headers`, whose body's size is hinted
-    /// by `body_hint`.
+    /// by `body_hint`, for a request whose lifetime ends at `deadline`.
     pub(crate) fn new(
         claim: Claim,
         status: StatusCode,
@@ -108,6 +117,7 @@ impl Recorder {
         body_hint: &SizeHint,
         config: Arc<Config>,
         by_trailers: bool,
+        deadline: Instant,
     ) -> Self {
         // Room for the whole body when its length is known and storable; a body over the
         // limit is not stored, a longer one than hinted grows the buffer.
@@ -123,6 +133,7 @@ impl Recorder {
             copy: Kept::Empty,
             over_limit: false,
             by_trailers,
+            deadline,
         }
     }
 
@@ -288,17 +299,12 @@ impl Drop for Tee {
             }));
             return;
         }
-        // The client left mid-body: read the rest so the outcome is recorded, within the
-        // handler lifetime; past it the claim is dropped, which releases the key.
-        let lifetime = recorder.config.max_handler_lifetime;
-        let key = recorder.claim.key().clone();
+        // The client left mid-body: read the rest so the outcome is recorded, under the
+        // limits of any detached work (a slot, the request's lifetime); without a slot, or
+        // past the lifetime, the claim is dropped, which releases the key.
+        let (slots, deadline) = (recorder.config.detached.clone(), recorder.deadline);
         let inner = std::mem::replace(&mut self.inner, super::body::full(Bytes::new()));
-        let rest = drain(inner, recorder);
-        spawn_or_drop(Box::pin(async move {
-            if tokio::time::timeout(lifetime, rest).await.is_err() {
-                tracing::warn!(key = %key.log_id(), "the rest of a response body outlived the handler lifetime; its key is released");
-            }
-        }));
+        detach(Box::pin(drain(inner, recorder)), &slots, deadline);
     }
 }
 
