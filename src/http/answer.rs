@@ -7,18 +7,22 @@ use http::{HeaderValue, Response};
 use super::{
     body::{self, ResponseBody},
     config::{Config, IDEMPOTENT_REPLAYED},
-    grpc,
+    grpc::{self, Protocol},
     rejection::Rejection,
     replay::{self, StoredResponse},
 };
 use crate::engine::EngineError;
 
-/// Renders `rejection` the way the layer was configured to, or as a gRPC status on a gRPC
-/// call (`grpc`), which no HTTP error body would reach.
-pub(super) fn render(config: &Config, grpc: bool, rejection: Rejection) -> Response<ResponseBody> {
+/// Renders `rejection` the way the layer was configured to, or as a gRPC status on a gRPC or
+/// gRPC-web call (`protocol`), which no HTTP error body would reach.
+pub(super) fn render(
+    config: &Config,
+    protocol: Protocol,
+    rejection: Rejection,
+) -> Response<ResponseBody> {
     crate::metrics::http_rejection(&rejection);
-    if grpc {
-        return grpc::rejection_response::<Bytes>(&rejection).map(body::full);
+    if protocol.is_grpc() {
+        return grpc::rejection_response::<Bytes>(&rejection, protocol).map(body::full);
     }
     (config.rejection)(rejection).map(body::full)
 }
@@ -35,7 +39,11 @@ pub(super) fn rejection_for(error: EngineError) -> Rejection {
 }
 
 /// A stored outcome, answered to a duplicate.
-pub(super) fn replay(config: &Config, grpc: bool, payload: Bytes) -> Response<ResponseBody> {
+pub(super) fn replay(
+    config: &Config,
+    protocol: Protocol,
+    payload: Bytes,
+) -> Response<ResponseBody> {
     match replay::decode(payload) {
         Ok(StoredResponse::Response {
             status,
@@ -58,13 +66,13 @@ pub(super) fn replay(config: &Config, grpc: bool, payload: Bytes) -> Response<Re
             response
         }
         Ok(StoredResponse::NotStored { status }) => {
-            render(config, grpc, Rejection::ResponseNotStored { status })
+            render(config, protocol, Rejection::ResponseNotStored { status })
         }
         Err(error) => {
             // Permanent: the same bytes are read for every retry until the record is forgotten.
             tracing::error!(%error, "the stored response cannot be decoded; answering record-unreadable until an operator forgets the record (Store::forget)");
             crate::metrics::request(crate::metrics::RECORD_UNREADABLE);
-            render(config, grpc, Rejection::RecordUnreadable)
+            render(config, protocol, Rejection::RecordUnreadable)
         }
     }
 }

@@ -96,6 +96,14 @@ pub(crate) fn detach<T: Send + 'static>(
     }
 }
 
+/// Runs `work` (settling a claim or a transaction) in the background; without a runtime it
+/// is dropped, and what it held ends as a dropped claim or transaction does.
+pub(crate) fn spawn_or_drop(work: BoxFuture<()>) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(work);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{

@@ -1,6 +1,7 @@
 //! The gRPC face of the layer: a call is told apart by its `content-type`
-//! (`application/grpc`, `application/grpc+proto`, ...), and everything the layer answers by
-//! itself on such a call is a gRPC status, never an HTTP error body.
+//! (`application/grpc`, `application/grpc+proto`, ..., and gRPC-web's `application/grpc-web`,
+//! `application/grpc-web-text`, ...), and everything the layer answers by itself on such a
+//! call is a gRPC status, never an HTTP error body.
 //!
 //! gRPC runs over HTTP/2 POSTs whose answers are always HTTP 200; the outcome is the
 //! `grpc-status` trailer (or header, in a "trailers-only" answer). So this needs no gRPC
@@ -55,18 +56,79 @@
 //! server stream under a key is recorded whole — every message and the trailers, up to the
 //! response limit — while its key stays claimed, and replayed whole; keep keys off
 //! long-lived streams. Calls without a key pass through untouched, as on HTTP.
+//!
+//! In the transactional mode a server stream over the response limit cannot be held until
+//! its commit: its messages stream to the client, and its status is held back until the
+//! transaction has committed (a status to store) or rolled back (one a retry may cure), so a
+//! stream that ends with `UNAVAILABLE` keeps none of its writes. Should that commit fail, the
+//! trailers carry the failure (`UNAVAILABLE`, `INTERNAL`) instead of the stream's own status;
+//! on gRPC-web the call ends broken. A client that leaves before the status rolls it back.
+//!
+//! # gRPC-web
+//!
+//! A gRPC-web call (tonic-web's `GrpcWebLayer` inside this layer, or a proxy in front that
+//! passes gRPC-web through) sends its status in the body, as a last frame flagged `0x80`,
+//! since browsers cannot read HTTP trailers. The layer follows the frames of the response as
+//! they pass, base64 ones (`-text`) included, and decides on that status exactly as on a
+//! gRPC call's trailers, in both modes: the table above applies, a body that ends without a
+//! whole trailer frame is not stored, and the trailer frame is handed on only once the
+//! outcome is recorded (or, in the transactional mode, committed). The layer's own answers
+//! are trailers-only gRPC-web responses in the call's own `content-type`. A `-text` request is
+//! decoded to read its one message (the unary check, [`key_from_message`]); its fingerprint
+//! is its bytes as sent. With tonic-web *outside* this layer the layer sees plain gRPC.
+//!
+//! [`key_from_message`]: super::IdempotencyLayer::key_from_message
 
-use std::time::Duration;
+use std::{borrow::Cow, time::Duration};
 
 use http::{header, HeaderMap, HeaderValue, Response};
 
-use super::rejection::Rejection;
+use super::{grpc_web, rejection::Rejection};
 
-/// Whether a request or response is gRPC, by its `content-type`.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"))
+/// What a request or response speaks, by its `content-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// Plain HTTP.
+    Http,
+    /// gRPC: `application/grpc`, `application/grpc+proto`, ...
+    Grpc,
+    /// gRPC-web, binary: `application/grpc-web`, `application/grpc-web+proto`, ...
+    GrpcWeb,
+    /// gRPC-web, base64: `application/grpc-web-text`, `application/grpc-web-text+proto`, ...
+    GrpcWebText,
+}
+
+impl Protocol {
+    /// The protocol `headers` announce.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let Some(value) = headers.get(header::CONTENT_TYPE) else {
+            return Self::Http;
+        };
+        let value = value.as_bytes();
+        if !value.starts_with(b"application/grpc") {
+            Self::Http
+        } else if value.starts_with(b"application/grpc-web-text") {
+            Self::GrpcWebText
+        } else if value.starts_with(b"application/grpc-web") {
+            Self::GrpcWeb
+        } else {
+            Self::Grpc
+        }
+    }
+
+    /// gRPC in either form: answered with gRPC statuses, never HTTP error bodies.
+    pub(crate) fn is_grpc(self) -> bool {
+        self != Self::Http
+    }
+
+    /// The `content-type` of the layer's own answers.
+    fn content_type(self) -> &'static str {
+        match self {
+            Self::Http | Self::Grpc => "application/grpc",
+            Self::GrpcWeb => "application/grpc-web+proto",
+            Self::GrpcWebText => "application/grpc-web-text+proto",
+        }
+    }
 }
 
 /// gRPC status codes the layer uses (the numbers are fixed by the gRPC protocol).
@@ -147,17 +209,27 @@ fn status_for(rejection: &Rejection) -> (i32, Option<Duration>) {
     (code, rejection.retry_after())
 }
 
-/// A rejection as a gRPC trailers-only answer: HTTP 200, `grpc-status`, a percent-encoded
-/// `grpc-message` (the rejection's text), and `grpc-retry-pushback-ms` where a retry can
-/// cure it (gRPC's retry policy honours it).
-pub(crate) fn rejection_response<B: Default>(rejection: &Rejection) -> Response<B> {
-    let (code, retry_after) = status_for(rejection);
+/// A rejection as a gRPC trailers-only answer in the call's `protocol` (gRPC-web allows one
+/// too): HTTP 200, `grpc-status`, a percent-encoded `grpc-message` (the rejection's text), and
+/// `grpc-retry-pushback-ms` where a retry can cure it (gRPC's retry policy honours it).
+pub(crate) fn rejection_response<B: Default>(
+    rejection: &Rejection,
+    protocol: Protocol,
+) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
+        HeaderValue::from_static(protocol.content_type()),
     );
+    *headers = status_headers(rejection, std::mem::take(headers));
+    response
+}
+
+/// `headers` plus the gRPC status a rejection is answered with: in the head of a
+/// trailers-only answer, or as the trailers of a stream that already sent its head.
+pub(crate) fn status_headers(rejection: &Rejection, mut headers: HeaderMap) -> HeaderMap {
+    let (code, retry_after) = status_for(rejection);
     headers.insert("grpc-status", HeaderValue::from(code));
     let message = percent_encode(&rejection.to_string());
     if let Ok(message) = HeaderValue::from_str(&message) {
@@ -167,7 +239,7 @@ pub(crate) fn rejection_response<B: Default>(rejection: &Rejection) -> Response<
         let millis = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
     }
-    response
+    headers
 }
 
 /// `grpc-message` is percent-encoded: every byte outside printable ASCII, and `%` itself.
@@ -215,6 +287,18 @@ pub(crate) fn single_message(body: &[u8]) -> Option<(bool, &[u8])> {
     (message.len() == length && flag <= 1).then_some((flag == 1, message))
 }
 
+/// The one message of a unary request body in `protocol`, as [`single_message`] reads it,
+/// from the decoded body of a gRPC-web-text call: `None` unless it is exactly one message.
+pub(crate) fn request_message(protocol: Protocol, body: &[u8]) -> Option<(bool, Cow<'_, [u8]>)> {
+    if protocol != Protocol::GrpcWebText {
+        let (compressed, message) = single_message(body)?;
+        return Some((compressed, Cow::Borrowed(message)));
+    }
+    let decoded = grpc_web::decode_text(body)?;
+    let (compressed, message) = single_message(&decoded)?;
+    Some((compressed, Cow::Owned(message.to_vec())))
+}
+
 /// The message of a unary gRPC request body, for a key extractor to decode (e.g. with prost,
 /// to read an AIP-155 `request_id`): `None` when the body is not exactly one uncompressed
 /// message (a compressed one is left to the service to decode).
@@ -238,17 +322,20 @@ mod tests {
 
     #[test]
     fn detection_is_by_content_type() {
-        for (value, grpc) in [
-            ("application/grpc", true),
-            ("application/grpc+proto", true),
-            ("application/grpc-web", true),
-            ("application/json", false),
+        for (value, protocol) in [
+            ("application/grpc", Protocol::Grpc),
+            ("application/grpc+proto", Protocol::Grpc),
+            ("application/grpc-web", Protocol::GrpcWeb),
+            ("application/grpc-web+proto", Protocol::GrpcWeb),
+            ("application/grpc-web-text", Protocol::GrpcWebText),
+            ("application/grpc-web-text+proto", Protocol::GrpcWebText),
+            ("application/json", Protocol::Http),
         ] {
             let mut headers = HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
-            assert_eq!(is_grpc(&headers), grpc, "{value}");
+            assert_eq!(Protocol::of(&headers), protocol, "{value}");
         }
-        assert!(!is_grpc(&HeaderMap::new()));
+        assert_eq!(Protocol::of(&HeaderMap::new()), Protocol::Http);
     }
 
     #[test]
@@ -256,7 +343,7 @@ mod tests {
         let rejection = Rejection::OutcomeUnknown {
             retry_after: Duration::from_millis(1500),
         };
-        let response: Response<()> = rejection_response(&rejection);
+        let response: Response<()> = rejection_response(&rejection, Protocol::Grpc);
         let headers = response.headers();
         assert_eq!(
             headers["grpc-status"],
@@ -272,10 +359,12 @@ mod tests {
     /// A retry cannot cure it: no pushback, and the code that says the data is lost.
     #[test]
     fn an_unreadable_record_is_data_loss_without_pushback() {
-        let response: Response<()> = rejection_response(&Rejection::RecordUnreadable);
+        let response: Response<()> =
+            rejection_response(&Rejection::RecordUnreadable, Protocol::GrpcWeb);
         let headers = response.headers();
         assert_eq!(headers["grpc-status"], code::DATA_LOSS.to_string().as_str());
         assert!(headers.get("grpc-retry-pushback-ms").is_none());
+        assert_eq!(headers[header::CONTENT_TYPE], "application/grpc-web+proto");
     }
 
     #[test]

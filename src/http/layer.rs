@@ -57,7 +57,8 @@ impl IdempotencyLayer {
     /// - a response that is not stored (5xx, 408, 409, 425, 429, [`DoNotStore`](super::DoNotStore),
     ///   an error or a panic) rolls back the handler's writes too;
     /// - the response body is read before the commit, so the client only ever sees an answer
-    ///   whose record committed; a failed commit answers 503 `not-committed`;
+    ///   whose record committed; a failed commit answers 503 `not-committed` (a gRPC stream
+    ///   over the response limit streams first, and holds back only its status);
     /// - requests without a key (where the key is optional) still get a transaction,
     ///   committed or rolled back by the same rule, but nothing is recorded for them;
     /// - the lease is not needed to recover from a crash; it bounds how long an owner's

@@ -20,7 +20,7 @@ use super::{
     bounds::{IncomingBody, OutgoingBody, Wrapped},
     config::Config,
     detach::BoxFuture,
-    grpc,
+    grpc::{self, Protocol},
     key::validate,
     rejection::Rejection,
     request_body::read_body,
@@ -36,7 +36,7 @@ pub(super) fn extractor_for(
     config: &Config,
     request: &Request<impl Sized>,
 ) -> Option<MessageKeyFn> {
-    if config.message_keys.is_empty() || !grpc::is_grpc(request.headers()) {
+    if config.message_keys.is_empty() || !Protocol::of(request.headers()).is_grpc() {
         return None;
     }
     let path = request.uri().path();
@@ -64,22 +64,25 @@ where
 {
     Box::pin(async move {
         let (parts, body) = request.into_parts();
+        let protocol = Protocol::of(&parts.headers);
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
             Ok(body) => body,
-            Err(rejection) => return Ok(render(&config, true, rejection)),
+            Err(rejection) => return Ok(render(&config, protocol, rejection)),
         };
-        let key = match grpc::single_message(&body) {
+        let key = match grpc::request_message(protocol, &body) {
             // The method was registered as unary: a stream of messages is not a call to it.
-            None => return Ok(render(&config, true, Rejection::NotUnary)),
+            None => return Ok(render(&config, protocol, Rejection::NotUnary)),
             // A compressed message is the service's to decode; its key must come as metadata.
             Some((true, _)) => None,
-            Some((false, message)) => extract(message),
+            Some((false, message)) => extract(&message),
         };
         let request = Request::from_parts(parts, ReqBody::from(body));
         match key.map(|key| validate(key.into_bytes())) {
             Some(Ok(key)) => protect(inner, config, key, request, arrived).await,
-            Some(Err(invalid)) => Ok(render(&config, true, Rejection::InvalidKey(invalid))),
-            None if config.key_required => Ok(render(&config, true, Rejection::MissingMessageKey)),
+            Some(Err(invalid)) => Ok(render(&config, protocol, Rejection::InvalidKey(invalid))),
+            None if config.key_required => {
+                Ok(render(&config, protocol, Rejection::MissingMessageKey))
+            }
             None => unprotected(inner, config, request).await,
         }
     })

@@ -21,7 +21,7 @@
 //! | transactional mode: the connection breaks during the commit | `503` + `Retry-After` (`outcome-unknown`): it may have committed; a retry with the key replays it, or runs once if not. A request without a key: `500` (`outcome-unknown`), no `Retry-After`: nothing records it, so a retry may apply it twice |
 //! | handler answers 5xx, 408, 409, 425 or 429, fails, or panics (→ `500`) | key released: a retry runs again |
 //! | response over the storage limit (1 MiB) | streamed whole to the first caller, never run again; duplicates get `409` (`response-not-stored`) |
-//! | streaming response (SSE, large download), trailers (gRPC) | passed to the first caller frame by frame, trailers included; recorded (body and trailers) when it ends, before the caller sees the end (a body of known length: its last frame is sent while a store that needs a round trip records it, and a retry arriving meanwhile waits for that record); a body that fails mid-stream releases the key |
+//! | streaming response (SSE, large download), trailers (gRPC, or gRPC-web's trailer frame) | passed to the first caller frame by frame, trailers included; recorded (body and trailers) when it ends, before the caller sees the end (a body of known length: its last frame is sent while a store that needs a round trip records it, and a retry arriving meanwhile waits for that record); a body that fails mid-stream releases the key |
 //! | client hangs up | the handler finishes detached and is recorded; beyond 1024 detached handlers, or 60 s after the request arrived (`detach_limits`), it is dropped and the key released. A client that leaves after the headers of a streaming response: the rest of the body is read and recorded under the same two limits |
 //!
 //! Every rejection is `application/problem+json` (RFC 9457) with a stable `type`
@@ -119,6 +119,8 @@ mod body;
 mod bounds;
 #[cfg(feature = "sqlx")]
 mod collect;
+#[cfg(feature = "sqlx")]
+mod commit_at_end;
 mod config;
 mod detach;
 mod fingerprint;
@@ -126,6 +128,7 @@ mod fingerprint;
 #[cfg(test)]
 mod fuzz;
 pub mod grpc;
+mod grpc_web;
 mod key;
 mod layer;
 mod message_key;

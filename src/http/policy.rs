@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Response, StatusCode};
 
-use super::grpc;
+use super::{
+    grpc::{self, Protocol},
+    grpc_web::WebStatus,
+};
 
 /// Decides whether a response with this status is stored for replay.
 pub(crate) type StatusPolicy = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
@@ -19,14 +22,23 @@ pub(crate) enum Outcome {
     Final,
     /// Not an outcome: the key is released.
     NotFinal,
-    /// A gRPC response whose status comes in its trailers: [`trailers_final`] decides when
-    /// the body ends.
-    ByTrailers,
+    /// A gRPC response whose status comes at the end of its body: a [`StatusWatch`] finds it
+    /// there and decides.
+    ByStatus(StatusIn),
+}
+
+/// Where the status of an [`Outcome::ByStatus`] response comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatusIn {
+    /// gRPC: the HTTP trailers.
+    Trailers,
+    /// gRPC-web: the trailer frame that ends the body (`text`: a base64 body).
+    WebFrame { text: bool },
 }
 
 /// Whether `response` is stored, as far as its head tells: [`DoNotStore`], then the HTTP
-/// status, then for a gRPC response its `grpc-status` (in the head of a trailers-only answer,
-/// else in the trailers to come).
+/// status, then for a gRPC or gRPC-web response its `grpc-status` (in the head of a
+/// trailers-only answer, else at the end of the body to come).
 pub(crate) fn outcome<B>(
     response: &Response<B>,
     is_final: &StatusPolicy,
@@ -35,25 +47,78 @@ pub(crate) fn outcome<B>(
     if response.extensions().get::<DoNotStore>().is_some() || !is_final(response.status()) {
         return Outcome::NotFinal;
     }
-    if !grpc::is_grpc(response.headers()) {
+    let protocol = Protocol::of(response.headers());
+    if !protocol.is_grpc() {
         return Outcome::Final;
     }
     match grpc::status_of(response.headers()) {
         Some(code) if is_final_grpc(code) => Outcome::Final,
         Some(_) => Outcome::NotFinal,
-        None => Outcome::ByTrailers,
+        None => Outcome::ByStatus(match protocol {
+            Protocol::GrpcWeb => StatusIn::WebFrame { text: false },
+            Protocol::GrpcWebText => StatusIn::WebFrame { text: true },
+            _ => StatusIn::Trailers,
+        }),
     }
 }
 
-/// For [`Outcome::ByTrailers`]: whether the trailers the body ended with carry a stored
-/// `grpc-status`. A gRPC body that ended without one broke the protocol: not stored.
-pub(crate) fn trailers_final(
+/// Finds the status of an [`Outcome::ByStatus`] response as its body passes.
+#[derive(Debug)]
+pub(crate) enum StatusWatch {
+    /// In the trailers the body ends with.
+    Trailers,
+    /// In the gRPC-web trailer frame, followed through the body's data.
+    Web(Box<WebStatus>),
+}
+
+impl StatusWatch {
+    pub(crate) fn new(at: StatusIn) -> Self {
+        match at {
+            StatusIn::Trailers => Self::Trailers,
+            StatusIn::WebFrame { text } => Self::Web(Box::new(WebStatus::new(text))),
+        }
+    }
+
+    /// Follows the next chunk of the body's data.
+    pub(crate) fn data(&mut self, data: &[u8]) {
+        if let Self::Web(web) = self {
+            web.data(data);
+        }
+    }
+
+    /// True when the data so far ended the call: a gRPC-web trailer frame is complete, and
+    /// the chunk that completed it is the call's status, to be handled as trailers are.
+    pub(crate) fn ended(&self) -> bool {
+        matches!(self, Self::Web(web) if web.ended())
+    }
+
+    /// Whether the call, whose body ended (with `trailers`, if any), carried a stored
+    /// `grpc-status`. A call that ended without one broke the protocol: not stored.
+    pub(crate) fn is_final(
+        &self,
+        trailers: Option<&HeaderMap>,
+        is_final_grpc: &GrpcStatusPolicy,
+    ) -> bool {
+        let in_trailers = || trailers.and_then(grpc::status_of);
+        let code = match self {
+            Self::Trailers => in_trailers(),
+            Self::Web(web) => web.status().or_else(in_trailers),
+        };
+        code.is_some_and(|code| is_final_grpc(code))
+    }
+}
+
+/// For a whole body (`data` and `trailers`) of an [`Outcome::ByStatus`] response: whether it
+/// is stored.
+pub(crate) fn body_final(
+    at: StatusIn,
+    data: &[u8],
     trailers: Option<&HeaderMap>,
     is_final_grpc: &GrpcStatusPolicy,
 ) -> bool {
-    trailers
-        .and_then(grpc::status_of)
-        .is_some_and(|code| is_final_grpc(code))
+    let mut watch = StatusWatch::new(at);
+    watch.data(data);
+    watch.is_final(trailers, is_final_grpc)
 }
 
 /// Put this in a response's extensions to keep the response from being stored: the claim is

@@ -25,11 +25,11 @@ use super::{
     config::Config,
     detach::{BoxFuture, DetachOnDrop},
     fingerprint::fingerprint,
-    grpc,
+    grpc::{self, Protocol},
     key::parse_key,
     layer::IdempotencyLayer,
     message_key,
-    policy::{self, Outcome},
+    policy::{self, Outcome, StatusWatch},
     rejection::Rejection,
     request_body::read_body,
     scope,
@@ -154,10 +154,10 @@ impl<F, E> ResponseFuture<F, E> {
         Self { state }
     }
 
-    fn rejected(config: &Config, grpc: bool, rejection: Rejection) -> Self {
+    fn rejected(config: &Config, protocol: Protocol, rejection: Rejection) -> Self {
         Self {
             state: State::Rejected {
-                response: Some(render(config, grpc, rejection)),
+                response: Some(render(config, protocol, rejection)),
             },
         }
     }
@@ -211,8 +211,8 @@ where
             Ok(Some(key)) => key,
             Ok(None) => return without_key(self, request),
             Err(invalid) => {
-                let grpc = grpc::is_grpc(request.headers());
-                return ResponseFuture::rejected(config, grpc, Rejection::InvalidKey(invalid));
+                let protocol = Protocol::of(request.headers());
+                return ResponseFuture::rejected(config, protocol, Rejection::InvalidKey(invalid));
             }
         };
         let inner = take_ready(&mut self.inner);
@@ -245,8 +245,8 @@ where
         return ResponseFuture::protected(work, config, arrived);
     }
     if config.key_required {
-        let grpc = grpc::is_grpc(request.headers());
-        return ResponseFuture::rejected(config, grpc, Rejection::MissingKey);
+        let protocol = Protocol::of(request.headers());
+        return ResponseFuture::rejected(config, protocol, Rejection::MissingKey);
     }
     #[cfg(feature = "sqlx")]
     if let Some(mode) = config.transactional.clone() {
@@ -280,12 +280,12 @@ where
     ResBody: OutgoingBody,
 {
     let (parts, body) = request.into_parts();
-    let grpc = grpc::is_grpc(&parts.headers);
+    let protocol = Protocol::of(&parts.headers);
     let scope = match (config.scope)(&parts) {
         Some(scope) => scope,
         None if config.anonymous_scope => scope::ANONYMOUS.to_owned(),
         None => {
-            let answer = render(&config, grpc, Rejection::MissingIdentity);
+            let answer = render(&config, protocol, Rejection::MissingIdentity);
             return Box::pin(std::future::ready(Ok(answer)));
         }
     };
@@ -298,11 +298,11 @@ where
     let work = async move {
         let body = match read_body(&parts.headers, body, config.max_request_body).await {
             Ok(body) => body,
-            Err(rejection) => return Ok(render(&config, grpc, rejection)),
+            Err(rejection) => return Ok(render(&config, protocol, rejection)),
         };
         // A client stream has no one request to fingerprint and replay.
-        if grpc && grpc::single_message(&body).is_none() {
-            return Ok(render(&config, grpc, Rejection::NotUnary));
+        if protocol.is_grpc() && grpc::request_message(protocol, &body).is_none() {
+            return Ok(render(&config, protocol, Rejection::NotUnary));
         }
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         #[cfg(feature = "sqlx")]
@@ -312,16 +312,18 @@ where
                 let (owner, inner) = match mode.try_begin(&key, &fingerprint).await {
                     Ok(Some(HttpBegin::Run(owner))) => (owner, inner),
                     Ok(Some(HttpBegin::Replay(payload))) => {
-                        return Ok(replay(&config, grpc, payload))
+                        return Ok(replay(&config, protocol, payload))
                     }
                     Ok(None) => {
                         // As in the separate mode: a waiting duplicate holds no readied service.
                         let unreadied = inner.clone();
                         drop(inner);
                         let waited = Box::pin(mode.wait_for(key.clone(), fingerprint));
-                        let deadline = call_deadline(grpc, &parts, arrived);
+                        let deadline = call_deadline(protocol, &parts, arrived);
                         match within(deadline, waited).await {
-                            None => return Ok(render(&config, grpc, Rejection::DeadlineExceeded)),
+                            None => {
+                                return Ok(render(&config, protocol, Rejection::DeadlineExceeded))
+                            }
                             Some(Ok(HttpBegin::Run(owner))) => match ready(unreadied).await {
                                 Ok(inner) => (owner, inner),
                                 Err(error) => {
@@ -330,14 +332,14 @@ where
                                 }
                             },
                             Some(Ok(HttpBegin::Replay(payload))) => {
-                                return Ok(replay(&config, grpc, payload))
+                                return Ok(replay(&config, protocol, payload))
                             }
                             Some(Err(error)) => {
-                                return Ok(render(&config, grpc, rejection_for(error)))
+                                return Ok(render(&config, protocol, rejection_for(error)))
                             }
                         }
                     }
-                    Err(error) => return Ok(render(&config, grpc, rejection_for(error))),
+                    Err(error) => return Ok(render(&config, protocol, rejection_for(error))),
                 };
                 let request = Request::from_parts(parts, ReqBody::from(body));
                 let duplicate = transactional::AsDuplicate {
@@ -352,7 +354,7 @@ where
         let engine = &config.engine;
         let (claim, inner) = match engine.try_begin(&key, &fingerprint).await {
             Ok(Some(Begin::Run(claim))) => (claim, inner),
-            Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, grpc, payload)),
+            Ok(Some(Begin::Replay(payload))) => return Ok(replay(&config, protocol, payload)),
             Ok(None) => {
                 // A duplicate may wait a long time: it must not hold what the inner
                 // service reserved when it was made ready (a concurrency permit, a pool
@@ -360,9 +362,9 @@ where
                 let unreadied = inner.clone();
                 drop(inner);
                 // Boxed: a rare path, kept out of every request's future.
-                let deadline = call_deadline(grpc, &parts, arrived);
+                let deadline = call_deadline(protocol, &parts, arrived);
                 match within(deadline, Box::pin(engine.wait_for(key, fingerprint))).await {
-                    None => return Ok(render(&config, grpc, Rejection::DeadlineExceeded)),
+                    None => return Ok(render(&config, protocol, Rejection::DeadlineExceeded)),
                     Some(Ok(Begin::Run(claim))) => match ready(unreadied).await {
                         Ok(inner) => (claim, inner),
                         Err(error) => {
@@ -370,11 +372,13 @@ where
                             return Err(error);
                         }
                     },
-                    Some(Ok(Begin::Replay(payload))) => return Ok(replay(&config, grpc, payload)),
-                    Some(Err(error)) => return Ok(render(&config, grpc, rejection_for(error))),
+                    Some(Ok(Begin::Replay(payload))) => {
+                        return Ok(replay(&config, protocol, payload))
+                    }
+                    Some(Err(error)) => return Ok(render(&config, protocol, rejection_for(error))),
                 }
             }
-            Err(error) => return Ok(render(&config, grpc, rejection_for(error))),
+            Err(error) => return Ok(render(&config, protocol, rejection_for(error))),
         };
         handle(inner, claim, parts, body, config, arrived).await
     }
@@ -385,8 +389,14 @@ where
 /// A gRPC call's deadline (its `grpc-timeout` from when it arrived), which bounds its wait for
 /// the first call with its key; `None` for HTTP or a call without one. Read when a wait
 /// begins, so that the request's work need not carry it.
-fn call_deadline(grpc: bool, parts: &http::request::Parts, arrived: Instant) -> Option<Instant> {
-    grpc.then(|| grpc::timeout_of(&parts.headers))
+fn call_deadline(
+    protocol: Protocol,
+    parts: &http::request::Parts,
+    arrived: Instant,
+) -> Option<Instant> {
+    protocol
+        .is_grpc()
+        .then(|| grpc::timeout_of(&parts.headers))
         .flatten()
         .map(|timeout| arrived + timeout)
 }
@@ -478,10 +488,10 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let grpc = grpc::is_grpc(request.headers());
+    let protocol = Protocol::of(request.headers());
     let handler = AssertUnwindSafe(inner.call(request)).catch_unwind();
     async move {
-        let (release, answer) = settle(handler.await, claim, config, grpc, arrived);
+        let (release, answer) = settle(handler.await, claim, config, protocol, arrived);
         if let Some(release) = release {
             release.await;
         }
@@ -499,7 +509,7 @@ fn settle<ResBody, E>(
     ended: Result<Result<Response<ResBody>, E>, Box<dyn std::any::Any + Send>>,
     claim: Claim,
     config: std::sync::Arc<Config>,
-    grpc: bool,
+    protocol: Protocol,
     arrived: Instant,
 ) -> (Option<BoxFuture<()>>, Result<Response<ResponseBody>, E>)
 where
@@ -511,7 +521,7 @@ where
         Ok(Err(error)) => return (Some(give_up(claim)), Err(error)),
         Err(_panic) => {
             tracing::error!(key = %claim.key().log_id(), "inner service panicked; releasing the key");
-            let answer = render(&config, grpc, Rejection::HandlerPanicked);
+            let answer = render(&config, protocol, Rejection::HandlerPanicked);
             return (Some(give_up(claim)), Ok(answer));
         }
     };
@@ -523,6 +533,10 @@ where
     let (parts, response_body) = response.into_parts();
     // Passed through as it comes, copied for replay alongside; the claim is settled when the
     // body ends (see `tee`).
+    let status = match outcome {
+        Outcome::ByStatus(at) => Some(StatusWatch::new(at)),
+        Outcome::Final | Outcome::NotFinal => None,
+    };
     let deadline = arrived + config.max_handler_lifetime;
     let recorder = Recorder::new(
         claim,
@@ -530,7 +544,7 @@ where
         &parts.headers,
         &response_body.size_hint(),
         config,
-        outcome == Outcome::ByTrailers,
+        status,
         deadline,
     );
     let body = body::boxed(Tee::new(body::boxed(response_body), recorder));

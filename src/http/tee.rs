@@ -39,8 +39,8 @@ use tokio::time::Instant;
 use super::{
     body::ResponseBody,
     config::Config,
-    detach::detach,
-    policy,
+    detach::{detach, spawn_or_drop},
+    policy::StatusWatch,
     replay::{self, Encoder},
 };
 use crate::{engine::Claim, BoxError};
@@ -56,8 +56,9 @@ pub(crate) struct Recorder {
     config: Arc<Config>,
     copy: Kept,
     over_limit: bool,
-    /// A gRPC response whose trailers decide whether it is stored (`grpc-status`).
-    by_trailers: bool,
+    /// For a gRPC or gRPC-web response, where its `grpc-status`, which decides whether it
+    /// is stored, is found.
+    grpc_status: Option<StatusWatch>,
     /// The end of its request's lifetime: the rest of the body is not read past it, should
     /// the caller leave.
     deadline: Instant,
@@ -116,7 +117,7 @@ impl Recorder {
         headers: &HeaderMap,
         body_hint: &SizeHint,
         config: Arc<Config>,
-        by_trailers: bool,
+        grpc_status: Option<StatusWatch>,
         deadline: Instant,
     ) -> Self {
         // Room for the whole body when its length is known and storable; a body over the
@@ -132,12 +133,16 @@ impl Recorder {
             config,
             copy: Kept::Empty,
             over_limit: false,
-            by_trailers,
+            grpc_status,
             deadline,
         }
     }
 
     fn keep(&mut self, data: &Bytes) {
+        // Over the limit too: a gRPC-web status is still to be found.
+        if let Some(grpc_status) = &mut self.grpc_status {
+            grpc_status.data(data);
+        }
         if self.over_limit {
             return;
         }
@@ -150,10 +155,20 @@ impl Recorder {
         }
     }
 
+    /// True when the data kept so far ended a gRPC-web call: its trailer frame is complete.
+    fn call_ended(&self) -> bool {
+        self.grpc_status.as_ref().is_some_and(StatusWatch::ended)
+    }
+
     /// Records the outcome (the body ended, with `trailers` if any), or releases the key when
-    /// the trailers say the gRPC call failed with a status not to store.
+    /// its status says the gRPC call failed with a status not to store.
     fn finish(self, trailers: Option<&HeaderMap>) -> BoxFuture {
-        if self.by_trailers && !policy::trailers_final(trailers, &self.config.is_final_grpc) {
+        let is_final = |watch: &StatusWatch| watch.is_final(trailers, &self.config.is_final_grpc);
+        if self
+            .grpc_status
+            .as_ref()
+            .is_some_and(|watch| !is_final(watch))
+        {
             tracing::debug!(key = %self.claim.key().log_id(), "gRPC status not final; releasing the key");
             let claim = self.claim;
             return Box::pin(async move {
@@ -230,6 +245,13 @@ impl Body for Tee {
                             return Poll::Ready(Some(Ok(frame)));
                         };
                         recorder.keep(data);
+                        if recorder.call_ended() {
+                            // A gRPC-web call's status, sent as data: recorded before it is
+                            // handed on, as trailers are.
+                            let recorder = this.recorder.take().expect("checked above");
+                            this.settling = Some((recorder.finish(None), Some(frame)));
+                            continue;
+                        }
                         if !this.inner.is_end_stream() {
                             return Poll::Ready(Some(Ok(frame)));
                         }
@@ -319,14 +341,6 @@ async fn drain(mut body: ResponseBody, mut recorder: Recorder) {
         }
     }
     recorder.finish(None).await
-}
-
-/// Runs `work` in the background; without a runtime it is dropped, and a claim in it ends
-/// with its lease.
-fn spawn_or_drop(work: BoxFuture) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(work);
-    }
 }
 
 #[cfg(test)]

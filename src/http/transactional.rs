@@ -2,7 +2,7 @@
 //! commit the response with it, or roll everything back. The database type is erased in
 //! `tx_mode`.
 
-use std::{panic::AssertUnwindSafe, sync::Arc};
+use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -14,9 +14,10 @@ use super::{
     answer::{rejection_for, render, replay as replay_response},
     body::{self, ResponseBody},
     collect::{collect_up_to, Collected, Prefixed},
+    commit_at_end::CommitAtEnd,
     config::Config,
-    grpc,
-    policy::{self, Outcome},
+    grpc::Protocol,
+    policy::{self, Outcome, StatusWatch},
     rejection::Rejection,
     replay,
     tx_mode::{HttpBegin, HttpOwner, SharedTxMode},
@@ -39,15 +40,15 @@ impl AsDuplicate {
     /// Waits for the recorded outcome and replays it, like any duplicate. Should the key be
     /// free again by then (the record expired at once), the client is told to retry: its
     /// request was rolled back and cannot run a second time here.
-    async fn answer(self, config: &Config, grpc: bool) -> Response<ResponseBody> {
+    async fn answer(self, config: &Config, protocol: Protocol) -> Response<ResponseBody> {
         let retry_after = config.engine.retry_after_delay();
         match self.mode.wait_for(self.key, self.fingerprint).await {
-            Ok(HttpBegin::Replay(payload)) => replay_response(config, grpc, payload),
+            Ok(HttpBegin::Replay(payload)) => replay_response(config, protocol, payload),
             Ok(HttpBegin::Run(owner)) => {
                 owner.rollback().await;
-                render(config, grpc, Rejection::NotCommitted { retry_after })
+                render(config, protocol, Rejection::NotCommitted { retry_after })
             }
-            Err(error) => render(config, grpc, rejection_for(error)),
+            Err(error) => render(config, protocol, rejection_for(error)),
         }
     }
 }
@@ -68,12 +69,13 @@ where
     ResBody::Error: Into<BoxError>,
 {
     owner.lend(request.extensions_mut());
-    let grpc = grpc::is_grpc(request.headers());
+    let protocol = Protocol::of(request.headers());
     // What the rare warnings below name (the request's span is DEBUG, so it may not show).
+    let log_id = duplicate.as_ref().map(|d| d.key.clone());
     let key = || {
-        duplicate
+        log_id
             .as_ref()
-            .map_or_else(|| "(unkeyed)".to_owned(), |d| d.key.log_id())
+            .map_or_else(|| "(unkeyed)".to_owned(), StoreKey::log_id)
     };
     let response = match AssertUnwindSafe(inner.call(request)).catch_unwind().await {
         Ok(Ok(response)) => response,
@@ -84,10 +86,11 @@ where
         Err(_panic) => {
             tracing::error!(key = %key(), "inner service panicked; rolling its transaction back");
             owner.rollback().await;
-            return Ok(render(&config, grpc, Rejection::HandlerPanicked));
+            return Ok(render(&config, protocol, Rejection::HandlerPanicked));
         }
     };
     let outcome = policy::outcome(&response, &config.is_final, &config.is_final_grpc);
+    let keyed = duplicate.is_some();
     if outcome == Outcome::NotFinal {
         // Not an outcome: its writes go too, so a retry starts from a clean slate.
         tracing::debug!(status = %response.status(), "outcome not final; rolling back");
@@ -100,8 +103,8 @@ where
         .await
     {
         Collected::Complete { data, trailers }
-            if outcome == Outcome::ByTrailers
-                && !policy::trailers_final(trailers.as_ref(), &config.is_final_grpc) =>
+            if matches!(outcome, Outcome::ByStatus(at)
+                if !policy::body_final(at, &data, trailers.as_ref(), &config.is_final_grpc)) =>
         {
             // A gRPC call that failed with a status not to store: its writes go too.
             tracing::debug!("gRPC status not final; rolling back");
@@ -127,41 +130,61 @@ where
         ),
         Collected::TooLarge { read, rest } => {
             tracing::warn!(key = %key(), status = %parts.status, limit = config.max_response_body, "response too large to store; duplicates will get 409 response-not-stored");
-            (
-                replay::encode_not_stored(parts.status),
-                body::boxed(Prefixed::new(read, rest)),
-            )
+            let payload = replay::encode_not_stored(parts.status);
+            let body = body::boxed(Prefixed::new(read, rest));
+            if let Outcome::ByStatus(at) = outcome {
+                // Its status is still to come: the commit waits for it, the client's view of
+                // the status waits for the commit.
+                let status = StatusWatch::new(at);
+                let body = CommitAtEnd::new(body, owner, status, payload, config, keyed, key());
+                return Ok(Response::from_parts(parts, body::boxed(body)));
+            }
+            (payload, body)
         }
         Collected::Failed(error) => {
             tracing::error!(key = %key(), error = %error, "response body failed; rolling back");
             owner.rollback().await;
-            return Ok(render(&config, grpc, Rejection::ResponseBodyFailed));
+            return Ok(render(&config, protocol, Rejection::ResponseBodyFailed));
         }
     };
+    let error = match owner.commit(payload).await {
+        Ok(()) => return Ok(Response::from_parts(parts, body)),
+        Err(error) => error,
+    };
+    if let (CommitError::KeyTaken, Some(duplicate)) = (&error, duplicate) {
+        return Ok(duplicate.answer(&config, protocol).await);
+    }
     let retry_after = config.engine.retry_after_delay();
-    match owner.commit(payload).await {
-        Ok(()) => Ok(Response::from_parts(parts, body)),
-        Err(CommitError::KeyTaken) => Ok(match duplicate {
-            Some(duplicate) => duplicate.answer(&config, grpc).await,
-            // Unkeyed work claims no key, so no other request can record it first.
-            None => render(&config, grpc, Rejection::NotCommitted { retry_after }),
-        }),
-        Err(error @ CommitError::OutcomeUnknown(_)) => {
-            tracing::error!(key = %key(), error = %error, "connection lost during the commit; the handler's writes may or may not have committed");
-            let rejection = match duplicate {
-                Some(_) => Rejection::OutcomeUnknown { retry_after },
+    let rejection = commit_failed(&error, &key(), keyed, retry_after);
+    Ok(render(&config, protocol, rejection))
+}
+
+/// The answer for a commit that failed with `error` (logged, naming `key`), for a request
+/// with a key or without (`keyed`), when it cannot be answered as a duplicate.
+pub(super) fn commit_failed(
+    error: &CommitError,
+    key: &str,
+    keyed: bool,
+    retry_after: Duration,
+) -> Rejection {
+    match error {
+        CommitError::OutcomeUnknown(_) => {
+            tracing::error!(key = %key, error = %error, "connection lost during the commit; the handler's writes may or may not have committed");
+            match keyed {
+                true => Rejection::OutcomeUnknown { retry_after },
                 // Nothing records an unkeyed request: "retry with the same key" would be false.
-                None => Rejection::OutcomeUnknownWithoutKey,
-            };
-            Ok(render(&config, grpc, rejection))
+                false => Rejection::OutcomeUnknownWithoutKey,
+            }
         }
-        Err(error) => {
-            tracing::error!(key = %key(), error = %error, "commit failed; the handler's writes were rolled back");
-            let rejection = match error {
-                CommitError::StillBorrowed(_) => Rejection::TransactionHeld,
-                _ => Rejection::NotCommitted { retry_after },
-            };
-            Ok(render(&config, grpc, rejection))
+        CommitError::StillBorrowed(_) => {
+            tracing::error!(key = %key, error = %error, "commit failed; the handler's writes were rolled back");
+            Rejection::TransactionHeld
+        }
+        // The key taken by another request (unkeyed work claims none; a stream already sent
+        // part of its answer), or a refused commit: nothing of it persists.
+        _ => {
+            tracing::error!(key = %key, error = %error, "commit failed; the handler's writes were rolled back");
+            Rejection::NotCommitted { retry_after }
         }
     }
 }

@@ -80,6 +80,10 @@
 //!   have committed: the retry with the same key replays it, or runs once if it did not. A
 //!   request sent without a key has no record to learn from: its broken commit answers `500`
 //!   with the same problem type and no `Retry-After`, since a retry may apply it twice.
+//!   A body over the response limit is not held: an HTTP one commits (as "not stored") before
+//!   it streams; a gRPC or gRPC-web server stream streams its messages first and commits or
+//!   rolls back at its status, which reaches the client only after (see
+//!   [`http::grpc`](crate::http::grpc)): a stream that fails at its end keeps no writes.
 //! - Duplicates never hold a database connection while they wait: the claim does not queue
 //!   behind the owner's uncommitted row (PostgreSQL: a per-key `pg_try_advisory_xact_lock`;
 //!   MariaDB: a zero lock wait). Duplicates in the owner's process are woken when it commits.
