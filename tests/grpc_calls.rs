@@ -8,15 +8,15 @@ mod backends;
 mod effects_table;
 #[path = "common/grpc_metadata.rs"]
 mod grpc_metadata;
+#[path = "common/grpc_service.rs"]
+mod grpc_service;
 #[path = "common/pg_effects.rs"]
 mod pg_effects;
 
 use grpc_metadata::comparable_metadata;
+use grpc_service::{BoxFuture, Handwritten};
 use std::{
-    convert::Infallible,
-    future::Future,
     net::SocketAddr,
-    pin::Pin,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
@@ -62,8 +62,6 @@ struct ChargeReply {
     charge_id: String,
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 /// A one-method gRPC service, written out as tonic's generated code would be.
 #[derive(Clone)]
 struct Payments {
@@ -84,33 +82,17 @@ impl Payments {
     }
 }
 
-impl tonic::server::NamedService for Payments {
-    const NAME: &'static str = "test.Payments";
-}
-
-impl<B> tower::Service<http::Request<B>> for Payments
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let charge = Charge(self.clone());
-        Box::pin(async move {
-            let mut grpc =
-                tonic::server::Grpc::new(ProstCodec::<ChargeReply, ChargeRequest>::default());
-            Ok(grpc.unary(charge, request).await)
-        })
+impl Payments {
+    /// The service tonic serves: its one method.
+    fn service(&self) -> Handwritten {
+        let payments = self.clone();
+        Handwritten(Arc::new(move |request| {
+            let charge = Charge(payments.clone());
+            Box::pin(async move {
+                let codec = ProstCodec::<ChargeReply, ChargeRequest>::default();
+                tonic::server::Grpc::new(codec).unary(charge, request).await
+            })
+        }))
     }
 }
 
@@ -166,7 +148,7 @@ async fn serve(layer: IdempotencyLayer, payments: Payments) -> SocketAddr {
         .layer(layer);
     let server = tonic::transport::Server::builder()
         .layer(stack)
-        .add_service(payments)
+        .add_service(payments.service())
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     tokio::spawn(server);
     addr

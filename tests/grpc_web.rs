@@ -17,13 +17,13 @@ mod backends;
 mod effects_table;
 #[path = "common/grpc_metadata.rs"]
 mod grpc_metadata;
+#[path = "common/grpc_service.rs"]
+mod grpc_service;
 #[path = "common/pg_effects.rs"]
 mod pg_effects;
 
 use std::{
     collections::VecDeque,
-    convert::Infallible,
-    future::Future,
     net::SocketAddr,
     pin::Pin,
     sync::{
@@ -36,6 +36,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use grpc_metadata::comparable_metadata;
+use grpc_service::{BoxFuture, Handwritten};
 use http::uri::PathAndQuery;
 use http_body_util::BodyExt;
 use tonic::{Code, Request, Response, Status};
@@ -58,8 +59,6 @@ struct ChargeReply {
     #[prost(string, tag = "1")]
     charge_id: String,
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// `/test.Payments/Charge` (unary) and `/test.Payments/Report` (a server stream of
 /// [`REPORT_MESSAGES`] messages of [`REPORT_MESSAGE_BYTES`]), each writing one effect row
@@ -116,36 +115,23 @@ impl Payments {
     }
 }
 
-impl tonic::server::NamedService for Payments {
-    const NAME: &'static str = "test.Payments";
-}
-
-impl<B> tower::Service<http::Request<B>> for Payments
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Infallible>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+impl Payments {
+    /// The service tonic serves: its two methods.
+    fn service(&self) -> Handwritten {
         let payments = self.clone();
-        Box::pin(async move {
-            let codec = ProstCodec::<ChargeReply, ChargeRequest>::default();
-            let mut grpc = tonic::server::Grpc::new(codec);
-            Ok(match request.uri().path() {
-                "/test.Payments/Report" => grpc.server_streaming(Report(payments), request).await,
-                _ => grpc.unary(Charge(payments), request).await,
+        Handwritten(Arc::new(move |request| {
+            let payments = payments.clone();
+            Box::pin(async move {
+                let codec = ProstCodec::<ChargeReply, ChargeRequest>::default();
+                let mut grpc = tonic::server::Grpc::new(codec);
+                match request.uri().path() {
+                    "/test.Payments/Report" => {
+                        grpc.server_streaming(Report(payments), request).await
+                    }
+                    _ => grpc.unary(Charge(payments), request).await,
+                }
             })
-        })
+        }))
     }
 }
 
@@ -223,7 +209,7 @@ async fn serve(layer: IdempotencyLayer, payments: Payments) -> SocketAddr {
         .accept_http1(true)
         .layer(idempotency)
         .layer(tonic_web::GrpcWebLayer::new())
-        .add_service(payments)
+        .add_service(payments.service())
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
     tokio::spawn(server);
     addr
@@ -302,16 +288,7 @@ async fn charge(
 /// One server-streaming gRPC-web call, read to its end: how many messages came, and its
 /// status.
 async fn report(addr: SocketAddr, key: &str) -> (usize, Code) {
-    let mut client = web_client(addr);
-    client.ready().await.unwrap();
-    let call = client
-        .server_streaming(
-            keyed(ChargeRequest { amount: 1200 }, key),
-            PathAndQuery::from_static("/test.Payments/Report"),
-            ProstCodec::<ChargeRequest, ChargeReply>::default(),
-        )
-        .await;
-    read_to_end(call).await
+    report_on(web_client(addr), key).await
 }
 
 /// The same server stream over plain gRPC (HTTP/2, trailers).
@@ -321,7 +298,19 @@ async fn grpc_report(addr: SocketAddr, key: &str) -> (usize, Code) {
         .connect()
         .await
         .unwrap();
-    let mut client = tonic::client::Grpc::new(channel);
+    report_on(tonic::client::Grpc::new(channel), key).await
+}
+
+/// A report called on `client`: how many messages came before it ended, and the status it
+/// ended with.
+async fn report_on<T>(mut client: tonic::client::Grpc<T>, key: &str) -> (usize, Code)
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    T::Error: std::fmt::Debug,
+{
     client.ready().await.unwrap();
     let call = client
         .server_streaming(
@@ -330,13 +319,6 @@ async fn grpc_report(addr: SocketAddr, key: &str) -> (usize, Code) {
             ProstCodec::<ChargeRequest, ChargeReply>::default(),
         )
         .await;
-    read_to_end(call).await
-}
-
-/// How many messages a server stream gave before it ended, and the status it ended with.
-async fn read_to_end(
-    call: Result<Response<tonic::codec::Streaming<ChargeReply>>, Status>,
-) -> (usize, Code) {
     let mut stream = match call {
         Ok(response) => response.into_inner(),
         Err(status) => return (0, status.code()),

@@ -10,7 +10,6 @@
 //! back: it never learned the outcome, and its retry runs again.
 
 use std::{
-    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -21,13 +20,20 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
 use super::{
-    body::ResponseBody, config::Config, detach::spawn_or_drop, grpc, policy::StatusWatch,
-    rejection::Rejection, transactional::commit_failed, tx_mode::HttpOwner,
+    body::ResponseBody,
+    config::Config,
+    detach::spawn_or_drop,
+    grpc,
+    held_end::{HeldEnd, Settle},
+    policy::StatusWatch,
+    rejection::Rejection,
+    transactional::commit_failed,
+    tx_mode::HttpOwner,
 };
 use crate::BoxError;
 
 /// The commit or rollback under way: `Some` rejection when the commit failed.
-type Settling = Pin<Box<dyn Future<Output = Option<Rejection>> + Send>>;
+type Settling = Settle<Option<Rejection>>;
 
 /// See the module docs.
 pub(crate) struct CommitAtEnd {
@@ -43,9 +49,8 @@ pub(crate) struct CommitAtEnd {
     keyed: bool,
     /// What the logs name.
     key: String,
-    /// The commit or rollback under way, and the frame that ends the call, handed on after.
-    settling: Option<(Settling, Option<Frame<Bytes>>)>,
-    done: bool,
+    /// The frame that ends the call, held back while the transaction commits or rolls back.
+    end: HeldEnd<Option<Rejection>>,
 }
 
 impl CommitAtEnd {
@@ -66,8 +71,7 @@ impl CommitAtEnd {
             config,
             keyed,
             key,
-            settling: None,
-            done: false,
+            end: HeldEnd::new(),
         }
     }
 
@@ -89,7 +93,7 @@ impl CommitAtEnd {
                 None
             })
         };
-        self.settling = Some((settling, frame));
+        self.end.hold(settling, frame);
     }
 
     /// What the client gets instead of the status of a call whose commit failed.
@@ -119,16 +123,13 @@ impl Body for CommitAtEnd {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         loop {
-            if let Some((settling, _)) = &mut this.settling {
-                let failed = std::task::ready!(settling.as_mut().poll(cx));
-                let (_, frame) = this.settling.take().expect("checked above");
-                this.done = true;
+            if let Some((failed, frame)) = std::task::ready!(this.end.poll(cx)) {
                 return Poll::Ready(match failed {
                     None => frame.map(Ok),
                     Some(rejection) => Self::failed(rejection, frame),
                 });
             }
-            if this.done {
+            if this.end.ended() {
                 return Poll::Ready(None);
             }
             match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
@@ -148,7 +149,7 @@ impl Body for CommitAtEnd {
                 },
                 Some(Err(error)) => {
                     tracing::error!(key = %this.key, error = %error, "response body failed; rolling back");
-                    this.done = true;
+                    this.end.end();
                     if let Some(owner) = this.owner.take() {
                         spawn_or_drop(Box::pin(owner.rollback()));
                     }
@@ -160,7 +161,7 @@ impl Body for CommitAtEnd {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done && self.settling.is_none()
+        self.end.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -170,7 +171,7 @@ impl Body for CommitAtEnd {
 
 impl Drop for CommitAtEnd {
     fn drop(&mut self) {
-        if let Some((settling, _)) = self.settling.take() {
+        if let Some(settling) = self.end.take_settling() {
             // Decided already: let the commit or rollback finish.
             spawn_or_drop(Box::pin(async move {
                 settling.await;

@@ -176,7 +176,10 @@ fn status_in(block: &[u8]) -> Option<i32> {
 
 /// A `-text` request body decoded, for reading its message; `None` when it is not base64.
 pub(crate) fn decode_text(body: &[u8]) -> Option<Vec<u8>> {
-    body.len().is_multiple_of(4).then(|| decode_quads(body)).flatten()
+    body.len()
+        .is_multiple_of(4)
+        .then(|| decode_quads(body))
+        .flatten()
 }
 
 /// Decodes whole groups of four base64 characters, each group padded or not (gRPC-web-text

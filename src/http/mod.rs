@@ -129,6 +129,7 @@ mod fingerprint;
 mod fuzz;
 pub mod grpc;
 mod grpc_web;
+mod held_end;
 mod key;
 mod layer;
 mod message_key;

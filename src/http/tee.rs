@@ -23,7 +23,6 @@
 //!   end.
 
 use std::{
-    future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -40,12 +39,13 @@ use super::{
     body::ResponseBody,
     config::Config,
     detach::{detach, spawn_or_drop},
+    held_end::HeldEnd,
     policy::StatusWatch,
     replay::{self, Encoder},
 };
 use crate::{engine::Claim, BoxError};
 
-type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+type BoxFuture = super::detach::BoxFuture<()>;
 
 /// What is kept of the response for replay, and the claim to settle with it.
 pub(crate) struct Recorder {
@@ -202,10 +202,8 @@ impl Recorder {
 pub(crate) struct Tee {
     inner: ResponseBody,
     recorder: Option<Recorder>,
-    /// The outcome being recorded, and the frame (trailers) to hand on once it is; `None`
-    /// frame: the end of the body.
-    settling: Option<(BoxFuture, Option<Frame<Bytes>>)>,
-    done: bool,
+    /// The end of the body, held back while its outcome is recorded.
+    end: HeldEnd<()>,
 }
 
 impl Tee {
@@ -213,8 +211,7 @@ impl Tee {
         Self {
             inner,
             recorder: Some(recorder),
-            settling: None,
-            done: false,
+            end: HeldEnd::new(),
         }
     }
 }
@@ -229,13 +226,10 @@ impl Body for Tee {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         loop {
-            if let Some((settle, _)) = &mut this.settling {
-                std::task::ready!(settle.as_mut().poll(cx));
-                let (_, frame) = this.settling.take().expect("checked above");
-                this.done = true;
+            if let Some(((), frame)) = std::task::ready!(this.end.poll(cx)) {
                 return Poll::Ready(frame.map(Ok));
             }
-            if this.done {
+            if this.end.ended() {
                 return Poll::Ready(None);
             }
             match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
@@ -249,7 +243,7 @@ impl Body for Tee {
                             // A gRPC-web call's status, sent as data: recorded before it is
                             // handed on, as trailers are.
                             let recorder = this.recorder.take().expect("checked above");
-                            this.settling = Some((recorder.finish(None), Some(frame)));
+                            this.end.hold(recorder.finish(None), Some(frame));
                             continue;
                         }
                         if !this.inner.is_end_stream() {
@@ -266,10 +260,10 @@ impl Body for Tee {
                         // waits for it.
                         let recorder = this.recorder.take().expect("checked above");
                         let mut settle = recorder.finish(None);
-                        if settle.as_mut().poll(cx).is_ready() {
-                            this.done = true;
+                        if settle.as_mut().poll(cx).is_pending() {
+                            this.end.hold(settle, None);
                         } else {
-                            this.settling = Some((settle, None));
+                            this.end.end();
                         }
                         return Poll::Ready(Some(Ok(frame)));
                     }
@@ -278,10 +272,10 @@ impl Body for Tee {
                     };
                     // Trailers end the body: record, then hand them on.
                     let settle = recorder.finish(frame.trailers_ref());
-                    this.settling = Some((settle, Some(frame)));
+                    this.end.hold(settle, Some(frame));
                 }
                 Some(Err(error)) => {
-                    this.done = true;
+                    this.end.end();
                     if let Some(recorder) = this.recorder.take() {
                         // The caller learns of the error now; the release needs no waiting.
                         spawn_or_drop(recorder.release(&error));
@@ -289,15 +283,15 @@ impl Body for Tee {
                     return Poll::Ready(Some(Err(error)));
                 }
                 None => match this.recorder.take() {
-                    Some(recorder) => this.settling = Some((recorder.finish(None), None)),
-                    None => this.done = true,
+                    Some(recorder) => this.end.hold(recorder.finish(None), None),
+                    None => this.end.end(),
                 },
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done && self.settling.is_none()
+        self.end.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -307,7 +301,7 @@ impl Body for Tee {
 
 impl Drop for Tee {
     fn drop(&mut self) {
-        if let Some((settle, _)) = self.settling.take() {
+        if let Some(settle) = self.end.take_settling() {
             spawn_or_drop(settle);
             return;
         }
