@@ -3,19 +3,21 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 /// The longest wait a configured duration stands for: a longer one (up to `Duration::MAX`)
 /// counts as this, which every clock adds to `now` without overflowing.
 pub(crate) const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
-/// `now + after`, with `after` saturated at [`FOREVER`].
-pub(crate) fn deadline_in(after: Duration) -> Instant {
-    Instant::now() + after.min(FOREVER)
+/// `now + after`, with `after` saturated at [`FOREVER`] (the relay's and the consumer's
+/// deadlines; the layer saturates its setting once, where it is given).
+#[cfg(any(test, feature = "sqlx"))]
+pub(crate) fn deadline_in(after: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::now() + after.min(FOREVER)
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::time::Instant;
+
     use super::*;
 
     #[test]

@@ -109,7 +109,8 @@ impl StatusWatch {
 }
 
 /// For a whole body (`data` and `trailers`) of an [`Outcome::ByStatus`] response: whether it
-/// is stored.
+/// is stored (the transactional mode reads bodies whole).
+#[cfg(feature = "sqlx")]
 pub(crate) fn body_final(
     at: StatusIn,
     data: &[u8],
