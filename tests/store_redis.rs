@@ -12,6 +12,8 @@
 //! dropped the connection).
 
 mod conformance;
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
 use std::{
     sync::{Arc, OnceLock},
@@ -20,6 +22,7 @@ use std::{
 
 use bytes::Bytes;
 use redis::{aio::ConnectionManager, AsyncCommands};
+use redis_server::{free_port, PrivateServer};
 use tower_idempotency::{
     store::{RedisStore, ReplicaWaitTimedOut, Store, StoreError},
     ClaimOutcome, Record, StoreKey,
@@ -279,43 +282,6 @@ async fn killed_connection_is_a_backend_error_then_heals() {
     ));
 }
 
-/// A private `redis-server` on a free port, killed on drop.
-struct PrivateServer {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl PrivateServer {
-    fn start(port: u16) -> Option<Self> {
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .ok()?;
-        Some(Self { child, port })
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for PrivateServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn open_when_up(url: &str) -> RedisStore {
     let start = Instant::now();
     loop {
@@ -335,12 +301,7 @@ async fn open_when_up(url: &str) -> RedisStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_survives_a_server_restart() {
     let port = free_port();
-    let Some(server) = PrivateServer::start(port) else {
-        assert!(
-            !conformance::require_all(),
-            "redis-server is not on PATH but TEST_REQUIRE_ALL_BACKENDS=1"
-        );
-        eprintln!("skipped: redis-server is not on PATH");
+    let Some(server) = PrivateServer::start(port, &[]) else {
         return;
     };
     let store = open_when_up(&server.url()).await;
@@ -363,7 +324,7 @@ async fn store_survives_a_server_restart() {
         );
     }
 
-    let _server = PrivateServer::start(port).unwrap();
+    let _server = PrivateServer::start(port, &[]).expect("it started before");
     let start = Instant::now();
     loop {
         match store.claim(&key, &conformance::fp("a"), lease).await {

@@ -57,7 +57,9 @@ const BACKEND: &str = "redis";
 /// - **Claim** is the single command `SET key value NX PX <lease> GET`: it writes the claim
 ///   only when the key is absent and returns what was there otherwise, in one step. Combining
 ///   `NX` with `GET` needs **Redis 7.0 or newer** (older servers reject the command with a
-///   syntax error, which surfaces as [`StoreError::Backend`]).
+///   syntax error, which surfaces as [`StoreError::Backend`]). The value carries the claim's
+///   random token, so a claim resent after its reply was lost (the cluster client does that)
+///   recognises itself in what it finds and holds the key.
 /// - **Expiry** is the server's: a claim carries `PX = lease`, a completed record
 ///   `PX = retention`. Redis never returns an expired key, so an expired claim or record is
 ///   simply absent and the next `SET .. NX` wins it. No application clock is involved.
@@ -427,8 +429,11 @@ impl RedisStore {
     /// Retries let a command ride out a redirect or a short failover (the client refreshes
     /// its slot map and tries the new master); redis-rs's defaults (16 retries, up to minutes
     /// apart) would hold a request far longer than any client waits. Retrying is safe for
-    /// every operation of this store: a repeated claim finds its own record and reports it as
-    /// in progress, and the fenced scripts act at most once.
+    /// every operation of this store. The client also resends a command whose connection
+    /// dropped before its reply came, although Redis may have applied it: a resent claim that
+    /// finds its own value (its token) under the key knows it is that claim and holds the key,
+    /// rather than waiting on itself; the fenced scripts act at most once, and a completion
+    /// whose answer was lost is looked up by the engine before it is reported as failed.
     ///
     /// ```
     /// use std::time::Duration;
@@ -588,7 +593,9 @@ impl Store for RedisStore {
         let (previous, acknowledged) = self
             .set_claim(&redis_key, claim_value(token, fingerprint), lease)
             .await?;
-        if let Some(value) = previous {
+        // A value that starts with this claim's own fence is this claim: the command was
+        // applied once already and only its reply was lost, and the cluster client resent it.
+        if let Some(value) = previous.filter(|value| !value.starts_with(&fence(token))) {
             return decode(value).map(ClaimOutcome::Existing);
         }
         if let (Some(wait), Some(acknowledged)) = (self.replica_wait, acknowledged) {

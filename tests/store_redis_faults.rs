@@ -1,0 +1,101 @@
+//! `RedisStore` at the edges, against servers of the test's own (`redis-server` on PATH) and
+//! the shared one behind a proxy of the test's own (`common/proxy.rs`): a claim whose reply
+//! was lost. Skipped without `redis-server` / `TEST_REDIS_URL`, unless
+//! `TEST_REQUIRE_ALL_BACKENDS=1`.
+
+mod conformance;
+#[path = "common/proxy.rs"]
+mod proxy;
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::{sync::OnceLock, time::Duration};
+
+use bytes::Bytes;
+use proxy::Proxy;
+use redis_server::{free_port, PrivateServer};
+use tower_idempotency::{
+    store::{RedisStore, Store, StoreError},
+    ClaimOutcome, Record, StoreKey,
+};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn test_prefix() -> &'static str {
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    PREFIX.get_or_init(|| {
+        format!(
+            "tower-idempotency-test:{}:{}:",
+            std::process::id(),
+            tower_idempotency::Token::random().to_hex()
+        )
+    })
+}
+
+/// On a Redis Cluster the client resends a command whose connection dropped before its reply
+/// came (`retries(3)`). A claim that Redis applied but whose reply was lost comes back from
+/// the resent `SET .. NX .. GET` with this very claim as the "previous" value: it is this
+/// request's claim, not someone else's, and the request runs and completes under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_claim_whose_reply_was_lost_is_ours_after_the_retry() {
+    let port = free_port();
+    let proxy = Proxy::start("127.0.0.1", port).await;
+    let Some(_node) = PrivateServer::one_node_cluster(port, proxy.addr().port()).await else {
+        return;
+    };
+    let store = RedisStore::builder()
+        .prefix(test_prefix())
+        .open_cluster([format!("redis://{}", proxy.addr())])
+        .await
+        .expect("open the cluster through the proxy");
+    let key = StoreKey::new(conformance::fresh_scope(), "lost-reply");
+
+    // The SET reaches Redis; its reply does not, and the connection drops a moment later.
+    proxy.hush_after(store.redis_key(&key).as_bytes(), Duration::from_millis(50));
+    let outcome = store.claim(&key, &conformance::fp("a"), LEASE).await;
+    proxy.wait_hushed(Duration::ZERO).await;
+    let token = match outcome {
+        Ok(ClaimOutcome::Claimed(token)) => token,
+        other => panic!("the resent claim found its own claim and did not take it: {other:?}"),
+    };
+    store
+        .complete(&key, token, Bytes::from_static(b"done"), LEASE)
+        .await
+        .expect("the claim is this request's: it completes");
+    assert!(matches!(
+        store.lookup(&key).await.unwrap(),
+        Some(Record::Completed { payload, .. }) if payload == "done"
+    ));
+}
+
+/// A single server's connection manager does not resend a command: a claim whose reply was
+/// lost is a backend error (the request answers 503 and runs nothing), and the claim Redis
+/// applied ends with its lease, like an owner's that died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_server_claim_whose_reply_was_lost_is_a_backend_error() {
+    let Some(url) = conformance::url_or_skip("TEST_REDIS_URL") else {
+        return;
+    };
+    let server = redis::Client::open(url.as_str()).expect("TEST_REDIS_URL is a Redis URL");
+    let address = server.get_connection_info().addr().to_string();
+    let (host, port) = address.rsplit_once(':').expect("host:port");
+    let proxy = Proxy::start(host, port.parse().expect("a port")).await;
+    let store = RedisStore::builder()
+        .prefix(test_prefix())
+        .open(&format!("redis://{}", proxy.addr()))
+        .await
+        .expect("open through the proxy");
+    let key = StoreKey::new(conformance::fresh_scope(), "lost-reply");
+
+    proxy.hush_after(store.redis_key(&key).as_bytes(), Duration::from_millis(50));
+    let outcome = store.claim(&key, &conformance::fp("a"), LEASE).await;
+    proxy.wait_hushed(Duration::ZERO).await;
+    assert!(
+        matches!(outcome, Err(StoreError::Backend { .. })),
+        "{outcome:?}"
+    );
+    assert!(matches!(
+        store.lookup(&key).await,
+        Ok(Some(Record::InProgress { .. }))
+    ));
+}
