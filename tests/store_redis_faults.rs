@@ -1,7 +1,7 @@
 //! `RedisStore` at the edges, against servers of the test's own (`redis-server` on PATH) and
 //! the shared one behind a proxy of the test's own (`common/proxy.rs`): a claim whose reply
-//! was lost. Skipped without `redis-server` / `TEST_REDIS_URL`, unless
-//! `TEST_REQUIRE_ALL_BACKENDS=1`.
+//! was lost, a cluster connection rebuild that meets a silent node. Skipped without
+//! `redis-server` / `TEST_REDIS_URL`, unless `TEST_REQUIRE_ALL_BACKENDS=1`.
 
 mod conformance;
 #[path = "common/proxy.rs"]
@@ -98,4 +98,58 @@ async fn single_server_claim_whose_reply_was_lost_is_a_backend_error() {
         store.lookup(&key).await,
         Ok(Some(Record::InProgress { .. }))
     ));
+}
+
+/// After a cluster operation that was abandoned while it waited, the store rebuilds its
+/// connection in the background, one rebuild at a time. A rebuild whose node accepted the
+/// connection and then never answered the slot-map query (a client built without a response
+/// timeout, redis-rs's default, waits for that forever) must not keep every later rebuild
+/// out: the store gives it up and the next abandoned operation rebuilds again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_rebuild_against_a_silent_node_is_given_up() {
+    let port = free_port();
+    let proxy = Proxy::start("127.0.0.1", port).await;
+    let Some(_node) = PrivateServer::one_node_cluster(port, proxy.addr().port()).await else {
+        return;
+    };
+    let client = redis::cluster::ClusterClientBuilder::new([format!("redis://{}", proxy.addr())])
+        .build()
+        .expect("a cluster client");
+    let store = RedisStore::builder()
+        .prefix(test_prefix())
+        .open_cluster_with(client)
+        .await
+        .expect("open the cluster through the proxy");
+    let key = StoreKey::new(conformance::fresh_scope(), "silent");
+    let waited = Duration::from_millis(1500); // past the store's "abandoned" mark of 1 s
+
+    // The store's connection goes silent: a lookup waits until it is abandoned, and the
+    // rebuild that starts then meets a node that never answers its slot-map query.
+    proxy.hush_after(store.redis_key(&key).as_bytes(), Duration::from_secs(3600));
+    let abandoned = tokio::time::timeout(waited, store.lookup(&key));
+    let silence_the_rebuild = async {
+        proxy.wait_hushed(waited).await;
+        proxy.hush_after(b"SLOTS", Duration::from_secs(3600));
+    };
+    let (abandoned, ()) = tokio::join!(abandoned, silence_the_rebuild);
+    assert!(
+        abandoned.is_err(),
+        "the silent connection answered: {abandoned:?}"
+    );
+    proxy.wait_hushed(Duration::from_secs(5)).await;
+
+    // Every operation still goes to the silent connection until a rebuild replaces it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match tokio::time::timeout(waited, store.lookup(&key)).await {
+            Ok(found) => {
+                assert_eq!(found.expect("the rebuilt connection answers"), None);
+                break;
+            }
+            Err(_) => assert!(
+                std::time::Instant::now() < deadline,
+                "no rebuild replaced the silent connection within 15 s"
+            ),
+        }
+    }
 }

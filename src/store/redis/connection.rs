@@ -39,6 +39,13 @@ const REBUILD_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 /// occasional abandoned claim cost a spare rebuild, nothing worse.
 const ABANDONED_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a rebuild may take before it is given up. With the store's own client settings
+/// (2 s to connect, 5 s per command) a rebuild that has not finished by then met a node that
+/// accepted the connection and went silent; a client built without a response timeout (the
+/// redis-rs default) would wait for it forever, and the rebuild in flight keeps every later
+/// one out. Given up, the next failure rebuilds again.
+const REBUILD_GIVES_UP_AFTER: Duration = Duration::from_secs(5);
+
 /// A cluster connection that rebuilds itself after a failure.
 ///
 /// redis-rs 0.32's cluster connection refreshes its slot map on `MOVED` only. When a master
@@ -67,6 +74,7 @@ struct Current {
     /// When the last rebuild started, to space them out.
     rebuilt_at: Option<Instant>,
     /// One rebuild at a time: against an unreachable host each may take the connect timeout.
+    /// Cleared when the rebuild ends or is given up ([`REBUILD_GIVES_UP_AFTER`]).
     rebuilding: bool,
 }
 
@@ -121,11 +129,15 @@ impl Cluster {
         }
         let cluster = self.clone();
         runtime.spawn(async move {
-            let rebuilt = cluster.client.get_async_connection().await;
+            let rebuilt = tokio::time::timeout(
+                REBUILD_GIVES_UP_AFTER,
+                cluster.client.get_async_connection(),
+            )
+            .await;
             let mut current = cluster.lock();
             current.rebuilding = false;
-            // A failed rebuild changes nothing: the next failure tries again.
-            if let Ok(connection) = rebuilt {
+            // A failed or given-up rebuild changes nothing: the next failure tries again.
+            if let Ok(Ok(connection)) = rebuilt {
                 if current.generation == generation {
                     current.connection = connection;
                     current.generation += 1;
