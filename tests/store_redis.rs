@@ -24,7 +24,7 @@ use bytes::Bytes;
 use redis::{aio::ConnectionManager, AsyncCommands};
 use redis_server::{free_port, PrivateServer};
 use tower_idempotency::{
-    store::{RedisStore, ReplicaWaitTimedOut, Store, StoreError},
+    store::{OnEvictingPolicy, RedisStore, ReplicaWaitTimedOut, Store, StoreError},
     ClaimOutcome, Record, StoreKey,
 };
 
@@ -39,10 +39,16 @@ fn test_prefix() -> &'static str {
     })
 }
 
-/// A store on a NEW connection manager, or `None` when `TEST_REDIS_URL` is unset.
+/// A store on a NEW connection manager, or `None` when `TEST_REDIS_URL` is unset. Opening
+/// checks that the server never evicts records (`maxmemory-policy noeviction`): the suite
+/// fails on a server that may, since every guarantee it checks would then be luck.
 async fn open_store() -> Option<RedisStore> {
     let url = conformance::url_or_skip("TEST_REDIS_URL")?;
-    let opened = RedisStore::builder().prefix(test_prefix()).open(&url).await;
+    let opened = RedisStore::builder()
+        .prefix(test_prefix())
+        .on_evicting_policy(OnEvictingPolicy::Refuse)
+        .open(&url)
+        .await;
     conformance::reachable("TEST_REDIS_URL", opened)
 }
 

@@ -18,7 +18,7 @@ use cluster::{
 };
 use redis::AsyncCommands;
 use tower_idempotency::{
-    store::{RedisStore, Store, StoreError},
+    store::{OnEvictingPolicy, RedisStore, Store, StoreError},
     ClaimOutcome, StoreKey,
 };
 
@@ -39,9 +39,12 @@ fn cluster_urls() -> Option<Vec<String>> {
 }
 
 /// A store on a NEW cluster connection, or `None` when `TEST_REDIS_CLUSTER_URLS` is unset.
+/// Opening checks that no node evicts records (`maxmemory-policy noeviction` on all six).
 async fn open_store(replica_wait: bool) -> Option<RedisStore> {
     let urls = cluster_urls()?;
-    let mut builder = RedisStore::builder().prefix(test_prefix());
+    let mut builder = RedisStore::builder()
+        .prefix(test_prefix())
+        .on_evicting_policy(OnEvictingPolicy::Refuse);
     if replica_wait {
         builder = builder.wait_for_replicas(1, Duration::from_secs(1));
     }

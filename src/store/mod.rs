@@ -119,6 +119,13 @@
 //! starts a local 3-master / 3-replica cluster on 127.0.0.1:7000-7005 for the tests
 //! (`TEST_REDIS_CLUSTER_URLS`); the payments example takes `REDIS_CLUSTER_URLS` (or a `REDIS_URL`
 //! with several comma-separated nodes) and `REDIS_REPLICA_WAIT_MS`.
+//!
+//! Redis must keep every record until its own expiry: run it with `maxmemory-policy
+//! noeviction` (every record has a `PX`, so `volatile-*` and `allkeys-*` policies evict live
+//! claims and completed records, and their duplicates run again). `RedisStore::open*` asks every
+//! node and refuses an evicting one (`StoreError::EvictingPolicy`) unless told to warn
+//! (`RedisStoreBuilder::on_evicting_policy`). A restart without persistence forgets every
+//! record; what RDB and the AOF keep is in `RedisStore`'s "Memory and persistence".
 
 use std::{sync::Arc, time::Duration};
 
@@ -146,7 +153,10 @@ mod sql_builder;
 pub(crate) mod sqlite;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder, ReplicaWaitTimedOut};
+pub use self::redis::{
+    EvictingPolicy, InvalidPrefix, OnEvictingPolicy, RedisStore, RedisStoreBuilder,
+    ReplicaWaitTimedOut,
+};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) use completions::{keep_listening, Feed, Sender as CompletionSender};
 pub use completions::{Completion, Completions};

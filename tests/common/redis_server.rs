@@ -93,23 +93,22 @@ impl PrivateServer {
         }
     }
 
-    /// A Redis Cluster of one node on `port`, master of every slot, that tells clients (in
-    /// its slot map) to reach it on `announce_port`: the port of a proxy in front of it, so
-    /// that every connection of a cluster client crosses that proxy.
-    pub async fn one_node_cluster(port: u16, announce_port: u16) -> Option<Self> {
+    /// A Redis Cluster of one node on `port` (with `args` added), master of every slot, that
+    /// tells clients (in its slot map) to reach it on `announce_port`: the port of a proxy in
+    /// front of it, so that every connection of a cluster client crosses that proxy, or
+    /// `port` itself.
+    pub async fn one_node_cluster(port: u16, announce_port: u16, args: &[&str]) -> Option<Self> {
         let announce = announce_port.to_string();
-        let server = Self::start_up(
-            port,
-            &[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-announce-ip",
-                "127.0.0.1",
-                "--cluster-announce-port",
-                &announce,
-            ],
-        )
-        .await?;
+        let mut all_args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-announce-ip",
+            "127.0.0.1",
+            "--cluster-announce-port",
+            &announce,
+        ];
+        all_args.extend_from_slice(args);
+        let server = Self::start_up(port, &all_args).await?;
         let mut node = server.connect().await.expect("connect to the node");
         let () = redis::cmd("CLUSTER")
             .arg("ADDSLOTSRANGE")

@@ -10,6 +10,7 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
+    cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo},
     Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
@@ -26,6 +27,43 @@ pub(super) enum Connection {
 impl Connection {
     pub(super) fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))
+    }
+
+    /// `command`'s answer from every node, each with the node's address: the one server
+    /// (`None`), or every node of the cluster, replicas included (a replica promoted later
+    /// serves with its own settings). An error reply is that node's `Err`; failing to reach a
+    /// cluster at all is the outer `Err` (the one server's is its own answer's).
+    pub(super) async fn ask_every_node(
+        &self,
+        command: &Cmd,
+    ) -> RedisResult<Vec<(Option<String>, RedisResult<Value>)>> {
+        match self {
+            Self::Single(connection) => Ok(vec![(
+                None,
+                command.query_async(&mut connection.clone()).await,
+            )]),
+            Self::Cluster(cluster) => {
+                let (mut connection, _) = cluster.current();
+                let every_node = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+                // Without a response policy the answer maps each node's address to its reply.
+                let Value::Map(answers) = connection
+                    .route_command(command.clone(), every_node)
+                    .await?
+                else {
+                    return Err(RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "a command sent to every cluster node did not answer per node",
+                    )));
+                };
+                Ok(answers
+                    .into_iter()
+                    .map(|(node, answer)| {
+                        let node = redis::from_redis_value::<String>(node).ok();
+                        (node, answer.extract_error())
+                    })
+                    .collect())
+            }
+        }
     }
 }
 
