@@ -93,6 +93,13 @@
 //!   back to the pool (BENCHMARKS.md shows what the claim and the record cost the database).
 //! - No lease is needed to recover from a crash (the database aborts the dead owner's
 //!   transaction); on PostgreSQL the lease bounds how long an owner's transaction may sit idle.
+//!   A handler that waits inside its transaction longer than that (an external call, a sleep)
+//!   finds its session ended (SQLSTATE `25P03`): nothing of it commits, and the answer is
+//!   `503` `not-committed` (the session ended before the `COMMIT` was read, so the outcome is
+//!   known), whatever the handler returns.
+//! - A rollback (after an unstored answer, an error, a panic) is bounded by the engine's store
+//!   time limit like every store call: over a network gone silent, the handler's answer still
+//!   goes out once the limit passes, and the abandoned transaction ends with its connection.
 //! - A request whose key is running elsewhere cannot be compared with it before it commits, so
 //!   a reused key with a different body waits like a duplicate and then gets `422`.
 //! - Requests without a key (key optional) get a transaction too, begun when the handler first

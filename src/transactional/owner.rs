@@ -182,10 +182,16 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// Rolls the transaction back: the operation's writes and the claim vanish, and the next
     /// request with the key runs again. If the operation still holds the transaction, it rolls
     /// back when the operation lets go of it.
+    ///
+    /// Bounded by the engine's store time limit, like every store call: a `ROLLBACK` that the
+    /// database does not answer in time (a network gone silent) is abandoned, and the
+    /// transaction is dropped with it, which closes (or, for a sqlx transaction, rolls back on
+    /// its next use) its connection. Nothing of it can commit either way.
     pub async fn rollback(self) {
         if let Ok(Some(tx)) = self.slot.take() {
-            if let Err(error) = self.dialect.rollback(tx).await {
-                // The connection is gone; the server rolled back on its own.
+            if let Err(error) = self.engine.bounded(self.dialect.rollback(tx)).await {
+                // The connection is gone, or silent and now dropped: the server ends the
+                // transaction with it.
                 tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");
             }
         }
