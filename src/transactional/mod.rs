@@ -97,6 +97,11 @@
 //!   finds its session ended (SQLSTATE `25P03`): nothing of it commits, and the answer is
 //!   `503` `not-committed` (the session ended before the `COMMIT` was read, so the outcome is
 //!   known), whatever the handler returns.
+//! - On MariaDB a deadlock (error 1213) rolls the whole transaction back, claim included. A
+//!   handler that catches it and carries on does not write in autocommit: the owner's session
+//!   runs with `autocommit` off, so its later statements land in a transaction of their own
+//!   that is never committed, and the request answers `503` `not-committed` (nothing of it
+//!   persists; the retry runs it once). Better: let the error answer 5xx.
 //! - A rollback (after an unstored answer, an error, a panic) is bounded by the engine's store
 //!   time limit like every store call: over a network gone silent, the handler's answer still
 //!   goes out once the limit passes, and the abandoned transaction ends with its connection.
