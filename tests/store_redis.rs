@@ -12,32 +12,24 @@
 //! dropped the connection).
 
 mod conformance;
+#[path = "common/redis_prefix.rs"]
+mod redis_prefix;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
 use std::{
-    sync::{Arc, OnceLock},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 use redis::{aio::ConnectionManager, AsyncCommands};
+use redis_prefix::test_prefix;
 use redis_server::{free_port, PrivateServer};
 use tower_idempotency::{
     store::{OnEvictingPolicy, RedisStore, ReplicaWaitTimedOut, Store, StoreError},
     ClaimOutcome, Record, StoreKey,
 };
-
-fn test_prefix() -> &'static str {
-    static PREFIX: OnceLock<String> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        format!(
-            "tower-idempotency-test:{}:{}:",
-            std::process::id(),
-            tower_idempotency::Token::random().to_hex()
-        )
-    })
-}
 
 /// A store on a NEW connection manager, or `None` when `TEST_REDIS_URL` is unset. Opening
 /// checks that the server never evicts records (`maxmemory-policy noeviction`): the suite

@@ -9,29 +9,21 @@
 
 mod cluster;
 mod conformance;
+#[path = "common/redis_prefix.rs"]
+mod redis_prefix;
 
-use std::{sync::Arc, sync::OnceLock, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use cluster::{
     failover::{self, Fault, Mode},
     partition::Partition,
 };
 use redis::AsyncCommands;
+use redis_prefix::test_prefix;
 use tower_idempotency::{
     store::{OnEvictingPolicy, RedisStore, Store, StoreError},
     ClaimOutcome, StoreKey,
 };
-
-fn test_prefix() -> &'static str {
-    static PREFIX: OnceLock<String> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        format!(
-            "tower-idempotency-test:{}:{}:",
-            std::process::id(),
-            tower_idempotency::Token::random().to_hex()
-        )
-    })
-}
 
 fn cluster_urls() -> Option<Vec<String>> {
     let urls = conformance::url_or_skip("TEST_REDIS_CLUSTER_URLS")?;

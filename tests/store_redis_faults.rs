@@ -7,16 +7,19 @@
 mod conformance;
 #[path = "common/proxy.rs"]
 mod proxy;
+#[path = "common/redis_prefix.rs"]
+mod redis_prefix;
 #[path = "common/redis_server.rs"]
 mod redis_server;
 
 use std::{
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use bytes::Bytes;
 use proxy::Proxy;
+use redis_prefix::test_prefix;
 use redis_server::{free_port, PrivateServer};
 use tower_idempotency::{
     store::{OnEvictingPolicy, RedisStore, Store, StoreError},
@@ -24,17 +27,6 @@ use tower_idempotency::{
 };
 
 const LEASE: Duration = Duration::from_secs(30);
-
-fn test_prefix() -> &'static str {
-    static PREFIX: OnceLock<String> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        format!(
-            "tower-idempotency-test:{}:{}:",
-            std::process::id(),
-            tower_idempotency::Token::random().to_hex()
-        )
-    })
-}
 
 /// On a Redis Cluster the client resends a command whose connection dropped before its reply
 /// came (`retries(3)`). A claim that Redis applied but whose reply was lost comes back from

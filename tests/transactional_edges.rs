@@ -43,7 +43,7 @@ use proxy::Proxy;
 use sqlx::{
     mysql::{MySqlDatabaseError, MySqlPoolOptions},
     postgres::PgPoolOptions,
-    MySql, MySqlConnection,
+    MySql, MySqlConnection, MySqlPool,
 };
 use tokio::sync::Notify;
 use tower::ServiceExt;
@@ -212,17 +212,9 @@ async fn a_mariadb_deadlock_victim_without_a_key_commits_nothing() {
 /// and answers 201. Keyed or not, that effect must not persist and the answer must be
 /// `not-committed`; the retry (no deadlock) writes it once.
 async fn deadlock_victim_carries_on(keyed: bool) {
-    let Some(url) = backends::url_or_skip("TEST_MYSQL_URL") else {
+    let Some((pool, store, table)) = mariadb(4).await else {
         return;
     };
-    let pool = MySqlPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await
-        .expect("TEST_MYSQL_URL is set but unreachable");
-    let store = MySqlStore::new(pool.clone());
-    store.migrate().await.expect("migrate");
-    let table = effects_table::create(&pool, "tx_edges").await;
     let rows = format!("{table}_rows");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {rows} (id INT PRIMARY KEY, v INT NOT NULL) ENGINE=InnoDB; \
@@ -319,6 +311,21 @@ async fn deadlock_victim_carries_on(keyed: bool) {
     assert_eq!(effects_table::count_rows(&pool, &table, "k", &key).await, 1);
 }
 
+/// A pool of `connections` on `TEST_MYSQL_URL`, a migrated store on it and a new effects
+/// table; `None` (skip) without the URL.
+async fn mariadb(connections: u32) -> Option<(MySqlPool, MySqlStore, String)> {
+    let url = backends::url_or_skip("TEST_MYSQL_URL")?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(connections)
+        .connect(&url)
+        .await
+        .expect("TEST_MYSQL_URL is set but unreachable");
+    let store = MySqlStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    let table = effects_table::create(&pool, "tx_edges").await;
+    Some((pool, store, table))
+}
+
 /// One `POST /`, with `key` as its idempotency key when given.
 async fn send_maybe_keyed(app: Router, key: Option<String>) -> (StatusCode, HeaderMap, Bytes) {
     match key {
@@ -364,17 +371,9 @@ async fn insert_mysql_effect(
 /// the one pooled connection comes back with `autocommit` on and no transaction open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mariadb_owner_nests_savepoints_and_hands_its_connection_back_clean() {
-    let Some(url) = backends::url_or_skip("TEST_MYSQL_URL") else {
+    let Some((pool, store, table)) = mariadb(1).await else {
         return;
     };
-    let pool = MySqlPoolOptions::new()
-        .max_connections(1)
-        .connect(&url)
-        .await
-        .expect("TEST_MYSQL_URL is set but unreachable");
-    let store = MySqlStore::new(pool.clone());
-    store.migrate().await.expect("migrate");
-    let table = effects_table::create(&pool, "tx_edges").await;
     let (kept, undone) = (fresh_key(), fresh_key());
     let handler = {
         let (table, kept, undone) = (table.clone(), kept.clone(), undone.clone());
