@@ -53,6 +53,12 @@ impl Shared {
     pub async fn postgres() -> Option<Self> {
         let base = url_or_skip("TEST_POSTGRES_URL")?;
         let admin = reachable("TEST_POSTGRES_URL", PgPool::connect(&base).await)?;
+        Some(Self::postgres_on(admin, &base).await)
+    }
+
+    /// A fresh schema in the database at `base` (a server the test started itself), with
+    /// `admin` a pool on it.
+    pub async fn postgres_on(admin: PgPool, base: &str) -> Self {
         let schema = format!("payments_process_{}", unique());
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(&admin)
@@ -60,7 +66,7 @@ impl Shared {
             .expect("create schema");
         let separator = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{separator}options=-csearch_path%3D{schema}");
-        Some(Self::Postgres { admin, schema, url })
+        Self::Postgres { admin, schema, url }
     }
 
     /// A fresh database on `TEST_MYSQL_URL`'s server.
