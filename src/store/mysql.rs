@@ -530,6 +530,18 @@ fn micros(duration: Duration) -> Result<i64, StoreError> {
     Ok(sql::millis(duration)? * 1000)
 }
 
+/// Whether a statement of a transaction, or its commit, failed with InnoDB's deadlock error
+/// (1213), which Galera also gives a transaction that lost a certification conflict: the
+/// server rolled the whole transaction back.
+pub(crate) fn lost_at_commit(error: &StoreError) -> bool {
+    let StoreError::Backend { source, .. } = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .is_some_and(|error| is_lock_conflict(error, ER_LOCK_DEADLOCK))
+}
+
 fn is_lock_conflict(error: &sqlx::Error, number: u16) -> bool {
     error
         .as_database_error()

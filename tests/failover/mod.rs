@@ -4,6 +4,7 @@
 //! kills every process and removes the dir, also when the test panicked.
 #![allow(dead_code)]
 
+pub mod galera;
 pub mod patroni;
 
 use std::{

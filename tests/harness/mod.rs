@@ -116,6 +116,17 @@ pub async fn run(shared: &Shared, plan: &Plan) -> History {
 
 /// Like [`run`], with `faults` in place of the process nemesis.
 pub async fn run_with(shared: &Shared, plan: &Plan, faults: Faults) -> History {
+    run_on(shared, &[Vec::new(), Vec::new()], plan, faults).await
+}
+
+/// Like [`run_with`], with one process per entry of `own_env`, each started with those
+/// variables on top of `shared`'s (another `DATABASE_URL`: a node of a cluster, say).
+pub async fn run_on(
+    shared: &Shared,
+    own_env: &[Vec<(String, String)>],
+    plan: &Plan,
+    faults: Faults,
+) -> History {
     let launch = Launch::new()
         .envs(&shared.env())
         .env("IDEMPOTENCY_MODE", plan.mode())
@@ -125,7 +136,8 @@ pub async fn run_with(shared: &Shared, plan: &Plan, faults: Faults) -> History {
         .env("PAYMENTS_HANDLER_DELAY_MS", 20)
         .env("PAYMENTS_DELAY_AFTER_CHARGE_MS", 100);
     let begun = Instant::now();
-    let fleet = Arc::new(Fleet::start(launch, 2).await);
+    let launches = own_env.iter().map(|env| launch.clone().envs(env)).collect();
+    let fleet = Arc::new(Fleet::start(launches).await);
     let started = begun.elapsed();
     let stop = Arc::new(AtomicBool::new(false));
     let faults = tokio::spawn(faults(fleet.clone(), stop.clone()));
