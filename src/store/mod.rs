@@ -65,7 +65,8 @@
 //!   and only that standby is promoted. The transactional mode then has no double and loses
 //!   nothing; the separate mode keeps only its documented double (a key whose effect committed
 //!   while its record was cut off by the failover). The cost is one standby round trip per
-//!   commit: on one machine, a few milliseconds per key (the table's "key p50").
+//!   commit: on one machine a few milliseconds, smaller than the runs' own noise there; more
+//!   across a real network.
 //! - **Asynchronous replication** can lose the last commits the old primary acknowledged. In
 //!   the transactional mode the effect and its record go together: a client may hold a `201`
 //!   whose charge is gone, and a retry runs the key again (once). In the separate mode a lost
