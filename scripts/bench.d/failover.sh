@@ -15,7 +15,7 @@ bench_failover() {
     --test-threads=1 >"$WORK/pg_failover.out" 2>&1 || status=$?
   say "failover: tests/galera.rs (2 runs, ${GALERA_SECS:-20} s of keys each)"
   GALERA_SECS=${GALERA_SECS:-20} TEST_REQUIRE_ALL_BACKENDS=1 \
-    cargo test --quiet --all-features --test galera -- --nocapture --test-threads=1 \
+    cargo test --quiet --all-features --test galera -- --include-ignored --nocapture --test-threads=1 \
     >"$WORK/galera.out" 2>&1 || status=$?
   if [ "$status" != 0 ]; then
     tail -n 60 "$WORK/pg_failover.out" "$WORK/galera.out" >&2

@@ -81,7 +81,9 @@
 //! - **MariaDB Galera** (multi-primary): two claims of one key on two nodes both succeed
 //!   locally and one fails at commit (1213, certification). `MySqlStore`'s claim retries and
 //!   finds the winner's record; the transactional mode answers the losing commit as a
-//!   duplicate (the winner's outcome, by the in-progress policy), never a 5xx; no double.
+//!   duplicate (the winner's outcome, by the in-progress policy); no double. An abort that
+//!   hits one of the handler's own statements still answers the handler's error (a 500 in
+//!   the example; rare, and its retry replays).
 //!
 //! # Writing a store
 //!
