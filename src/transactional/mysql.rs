@@ -19,7 +19,10 @@ use super::{
 };
 use crate::{
     record::{ClaimOutcome, Fingerprint, StoreKey, Token},
-    store::{mysql::Wait, MySqlStore, StoreError},
+    store::{
+        mysql::{lost_at_commit, Wait},
+        MySqlStore, StoreError,
+    },
 };
 
 impl TransactionalStore for MySqlStore {
@@ -68,10 +71,27 @@ impl TxDialect<MySql> for MySqlStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<TxCommit, StoreError> {
-        self.complete_held(&mut tx, key, token, payload, retention)
-            .await?;
-        dialect::commit_sqlx(tx, "mysql").await?;
-        Ok(TxCommit::Committed)
+        // A Galera cluster certifies a transaction at its commit: when another node committed
+        // the same key first, this one fails with 1213, at the COMMIT (certification) or at
+        // the statement before it (aborted by the winner's write set). Nothing of it persists,
+        // and the key is the winner's: answered as a duplicate, like PostgreSQL's unique
+        // violation. A plain deadlock on one server gives the same error and also persists
+        // nothing; the duplicate's wait then finds the key free and says "not committed".
+        let done = match self
+            .complete_held(&mut tx, key, token, payload, retention)
+            .await
+        {
+            Ok(()) => dialect::commit_sqlx(tx, "mysql").await,
+            Err(error) => Err(error),
+        };
+        match done {
+            Ok(()) => Ok(TxCommit::Committed),
+            Err(error) if lost_at_commit(&error) => {
+                tracing::debug!(key = %key.log_id(), %error, "the transaction lost its key at the commit (a Galera certification conflict, or a deadlock)");
+                Ok(TxCommit::KeyTaken)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {
