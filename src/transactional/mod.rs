@@ -31,6 +31,15 @@
 //! A stale owner can never commit effects after someone else took its key over: nobody can
 //! take the key over while its transaction is open.
 //!
+//! Across a failover the guarantee is the database's: with synchronous replication (the
+//! promoted standby had every acknowledged commit) no key runs twice and none is lost; with
+//! asynchronous replication the last acknowledged commits can vanish with the old primary,
+//! effect and record together, so a client may hold a `201` whose effect is gone and its
+//! retry runs the key again. On MariaDB Galera a commit that loses a certification conflict
+//! (error 1213: the same key committed on another node first) is answered like
+//! [`CommitError::KeyTaken`]: the winner's outcome. See the store module's "Past one database
+//! server".
+//!
 //! What the mode cannot cover: effects outside the database (a call to a card processor, an
 //! e-mail) are not rolled back with the transaction, so an attempt that fails after making one
 //! leaves it behind and the retry makes it again. Send those through an outbox written in

@@ -48,7 +48,10 @@ use super::{
 };
 use crate::{
     record::{ClaimOutcome, Fingerprint, StoreKey, Token},
-    store::{mysql::Wait, MySqlStore, StoreError},
+    store::{
+        mysql::{lost_at_commit, Wait},
+        MySqlStore, StoreError,
+    },
 };
 
 const BACKEND: &str = "mysql";
@@ -131,6 +134,11 @@ fn backend(error: sqlx::Error) -> StoreError {
     StoreError::backend(BACKEND, error)
 }
 
+/// Whether `error` is [`RolledBackByServer`].
+fn rolled_back_by_server(error: &StoreError) -> bool {
+    matches!(error, StoreError::Backend { source, .. } if source.is::<RolledBackByServer>())
+}
+
 /// MySQL's error number in `error`, if the server raised it.
 fn mysql_error(error: &sqlx::Error) -> Option<u16> {
     error
@@ -178,20 +186,33 @@ impl TxDialect<MySql> for MySqlStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<TxCommit, StoreError> {
-        match self
+        // The server rolled the transaction back before it could commit. A Galera cluster
+        // certifies a transaction at its commit: when another node committed the same key
+        // first, this one fails with 1213, at the COMMIT (certification) or at the statement
+        // before it (aborted by the winner's write set). A deadlock on one server gives the same
+        // error; and when the handler caught it and carried on, the record's UPDATE finds the
+        // claim's row gone (nobody else can take a row this transaction holds), or the COMMIT
+        // finds the owner's mark gone. Nothing of it persists, and the key may be a winner's:
+        // answered as a duplicate, like PostgreSQL's unique violation; after a plain deadlock
+        // the duplicate's wait finds the key free and says "not committed".
+        let done = match self
             .complete_held(&mut tx, key, token, payload, retention)
             .await
         {
-            Ok(()) => {}
-            // Nobody else can take a row this transaction holds: the row is gone because the
-            // server rolled the transaction back.
+            Ok(()) => end(tx, End::Commit).await,
             Err(StoreError::StaleToken) => {
-                return Err(StoreError::backend(BACKEND, RolledBackByServer(None)))
+                Err(StoreError::backend(BACKEND, RolledBackByServer(None)))
             }
-            Err(error) => return Err(error),
+            Err(error) => Err(error),
+        };
+        match done {
+            Ok(()) => Ok(TxCommit::Committed),
+            Err(error) if lost_at_commit(&error) || rolled_back_by_server(&error) => {
+                tracing::debug!(key = %key.log_id(), %error, "the transaction lost its key at the commit (a Galera certification conflict, or a deadlock)");
+                Ok(TxCommit::KeyTaken)
+            }
+            Err(error) => Err(error),
         }
-        end(tx, End::Commit).await?;
-        Ok(TxCommit::Committed)
     }
 
     async fn commit(&self, tx: OpenTx<MySql>) -> Result<(), StoreError> {

@@ -67,8 +67,9 @@ pub enum CommitError {
     /// committed record, or runs once if there is none.
     #[error("the connection broke during the commit; the idempotency transaction may or may not have committed: retry with the same key to learn its outcome")]
     OutcomeUnknown(#[source] StoreError),
-    /// Another request recorded the key first (a race the claim could not see): nothing of
-    /// this transaction persists. Treat the request as a duplicate: wait for the key's
+    /// Another request recorded the key first (a race the claim could not see, or, on a
+    /// Galera cluster, a commit that lost its certification to the same key committed on
+    /// another node): nothing of this transaction persists. Treat the request as a duplicate: wait for the key's
     /// outcome and replay it (the HTTP layer and `run_once` do).
     #[error("another request recorded this idempotency key first; nothing of this attempt persists, replay the recorded outcome")]
     KeyTaken,
