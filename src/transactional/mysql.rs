@@ -18,9 +18,13 @@
 //! open a new transaction of their own instead of committing one by one, and that transaction
 //! is never committed. The owner's transaction starts with a savepoint, which the rollback
 //! takes with it: the commit releases it first, so it tells its own transaction from one the
-//! session opened since, and answers "not committed" (nothing of the request persists) for the
-//! latter. (`SET SESSION TRANSACTION READ ONLY` looks like the lighter guard, but MariaDB
-//! 10.11 does not apply it to the statements after a deadlock's rollback.)
+//! session opened since. A keyed request whose transaction the server rolled back (its
+//! savepoint gone, or the record's `UPDATE` finding no claim row) is answered as a duplicate
+//! ([`TxCommit::KeyTaken`], as for a Galera certification conflict): the key is free after a
+//! plain deadlock, so the answer is `503` `not-committed`, and nothing of the request persists;
+//! unkeyed work fails its commit the same way. (`SET SESSION TRANSACTION READ ONLY` looks like
+//! the lighter guard, but MariaDB 10.11 does not apply it to the statements after a deadlock's
+//! rollback.)
 //!
 //! `autocommit` belongs to the session, so the connection must not go back to the pool with
 //! it: the crate begins and ends these transactions itself on a pooled connection it holds
