@@ -21,7 +21,7 @@ use std::{process::ExitCode, time::Duration};
 use async_trait::async_trait;
 use pipeline::{Broker, Database};
 use tower_idempotency::{
-    broker::{BrokerError, OutgoingMessage, Publisher},
+    broker::{BrokerError, OutgoingMessage, Publisher, Verdict},
     outbox::{MySqlOutbox, OutboxSource, PgOutbox, Relay, RelayConfig, SqliteOutbox},
 };
 
@@ -33,10 +33,13 @@ struct SlowToMark<P> {
 
 #[async_trait]
 impl<P: Publisher> Publisher for SlowToMark<P> {
-    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
-        self.publisher.publish_confirmed(messages).await?;
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError> {
+        let verdicts = self.publisher.publish_confirmed(messages).await?;
         tokio::time::sleep(self.delay).await;
-        Ok(())
+        Ok(verdicts)
     }
 
     async fn close(&self) {

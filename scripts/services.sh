@@ -1,6 +1,7 @@
 # Sourced by scripts/test and scripts/bench: makes sure PostgreSQL, MariaDB, Redis, a local
 # Redis Cluster, RabbitMQ and NATS (with JetStream) answer on this machine, starting (or, on a
-# bare machine, installing) any that does not, and creates the databases the tests use.
+# bare machine, installing) any that does not, and creates the databases the tests use; and
+# installs the tools the failover tests build their own clusters with.
 # Idempotent: a running server is left alone.
 
 log() { echo "services: $*" >&2; }
@@ -130,7 +131,26 @@ ensure_redis_cluster() {
   export TEST_REDIS_CLUSTER_URLS="${TEST_REDIS_CLUSTER_URLS:-$(IFS=,; echo "${urls[*]}")}"
 }
 
+# The failover tests (tests/pg_failover.rs, tests/galera.rs) start clusters of their own:
+# Patroni + etcd + HAProxy around PostgreSQL, and MariaDB Galera (galera-4; SST by rsync). Only
+# the tools are needed, no running service; python3-etcd is Patroni's etcd client.
+ensure_failover_tools() {
+  local missing=()
+  command -v patroni >/dev/null || missing+=(patroni python3-etcd)
+  command -v etcd >/dev/null || missing+=(etcd-server)
+  command -v haproxy >/dev/null || missing+=(haproxy)
+  command -v rsync >/dev/null || missing+=(rsync)
+  [ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)
+  if [ "${#missing[@]}" -gt 0 ]; then apt_install --no-install-recommends "${missing[@]}"; fi
+  # The Debian packages start their own etcd and HAProxy where a service manager runs; the
+  # tests need neither (nor their ports).
+  if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then
+    systemctl disable --now etcd haproxy >/dev/null 2>&1 || true
+  fi
+}
+
 ensure_services() {
+  ensure_failover_tools
   ensure_postgres
   ensure_mariadb
   ensure_redis

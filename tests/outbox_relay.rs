@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use pipeline::{each_broker, race_relays, tally, TestBroker, WriteReceipt};
 use process::unique;
 use tower_idempotency::{
-    broker::{BrokerError, OutgoingMessage, Publisher},
+    broker::{BrokerError, OutgoingMessage, Publisher, Verdict},
     inbox::{Consumer, Outcome},
     outbox::{NewEvent, OutboxError, OutboxSource, PgOutbox, Relay, RelayConfig},
 };
@@ -90,7 +90,10 @@ struct DiesAfterPublish(Box<dyn Publisher>);
 
 #[async_trait]
 impl Publisher for DiesAfterPublish {
-    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError> {
         self.0.publish_confirmed(messages).await?;
         Err(BrokerError::Closed { broker: "test" })
     }
@@ -253,7 +256,7 @@ struct NeverConfirms;
 
 #[async_trait]
 impl Publisher for NeverConfirms {
-    async fn publish_confirmed(&self, _: &[OutgoingMessage]) -> Result<(), BrokerError> {
+    async fn publish_confirmed(&self, _: &[OutgoingMessage]) -> Result<Vec<Verdict>, BrokerError> {
         std::future::pending().await
     }
 }

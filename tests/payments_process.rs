@@ -432,6 +432,77 @@ async fn postgres_a_killed_owner_is_taken_over_after_its_lease() {
     }
 }
 
+/// Transactional mode on PostgreSQL: the database ends the owner's session (an operator's
+/// `pg_terminate_backend`, a failover) while its handler waits before charging. The charge's
+/// `INSERT` meets the ended session and nothing is charged, so the answer is what a retry can
+/// fix — 503 with `Retry-After`, not 500 — and the retry charges once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_charge_on_an_ended_session_is_503_and_the_retry_charges_once() {
+    let Some(shared) = Shared::postgres().await else {
+        return;
+    };
+    shared
+        .run(|shared| async move {
+            let Shared::Postgres { admin, .. } = &shared else {
+                unreachable!("a PostgreSQL share")
+            };
+            // The example's sessions carry a name of their own, to end the owner's alone.
+            let name = format!("payments_{}", unique());
+            let env: Vec<(String, String)> = shared
+                .env()
+                .into_iter()
+                .map(|(var, value)| match var.as_str() {
+                    "DATABASE_URL" => (var, format!("{value}&application_name={name}")),
+                    _ => (var, value),
+                })
+                .collect();
+            let server = Launch::new()
+                .envs(&env)
+                .env("IDEMPOTENCY_MODE", "transactional")
+                .env("PAYMENTS_HANDLER_DELAY_MS", 1_500)
+                .start()
+                .await;
+            let charge = Charge::new(&unique(), &unique());
+            let first = {
+                let (http, charge) = (server.http(), charge.clone());
+                tokio::spawn(async move { http.charge(&charge).await })
+            };
+            // The owner's transaction is open while its handler sleeps: end its session.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let ended: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE application_name = $1 AND state = 'idle in transaction'",
+                )
+                .bind(&name)
+                .fetch_one(admin)
+                .await
+                .expect("end the owner's session");
+                if ended > 0 {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the owner never sat in its transaction"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let reply = first.await.expect("the first request's task");
+            reply.assert_problem(StatusCode::SERVICE_UNAVAILABLE);
+            assert!(
+                reply.header(header::RETRY_AFTER).is_some(),
+                "{:?}",
+                reply.headers
+            );
+            assert_eq!(shared.charge_rows().await, 0, "nothing was charged");
+
+            let retry = server.charge(&charge).await;
+            assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+            assert_eq!(shared.charge_rows().await, 1, "the retry charged once");
+        })
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_two_processes_are_one_service() {
     if let Some(shared) = Shared::mysql().await {

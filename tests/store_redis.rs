@@ -12,34 +12,35 @@
 //! dropped the connection).
 
 mod conformance;
+#[path = "common/redis_prefix.rs"]
+mod redis_prefix;
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
 use std::{
-    sync::{Arc, OnceLock},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 use redis::{aio::ConnectionManager, AsyncCommands};
+use redis_prefix::test_prefix;
+use redis_server::{free_port, PrivateServer};
 use tower_idempotency::{
-    store::{RedisStore, ReplicaWaitTimedOut, Store, StoreError},
+    store::{OnEvictingPolicy, RedisStore, ReplicaWaitTimedOut, Store, StoreError},
     ClaimOutcome, Record, StoreKey,
 };
 
-fn test_prefix() -> &'static str {
-    static PREFIX: OnceLock<String> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        format!(
-            "tower-idempotency-test:{}:{}:",
-            std::process::id(),
-            tower_idempotency::Token::random().to_hex()
-        )
-    })
-}
-
-/// A store on a NEW connection manager, or `None` when `TEST_REDIS_URL` is unset.
+/// A store on a NEW connection manager, or `None` when `TEST_REDIS_URL` is unset. Opening
+/// checks that the server never evicts records (`maxmemory-policy noeviction`): the suite
+/// fails on a server that may, since every guarantee it checks would then be luck.
 async fn open_store() -> Option<RedisStore> {
     let url = conformance::url_or_skip("TEST_REDIS_URL")?;
-    let opened = RedisStore::builder().prefix(test_prefix()).open(&url).await;
+    let opened = RedisStore::builder()
+        .prefix(test_prefix())
+        .on_evicting_policy(OnEvictingPolicy::Refuse)
+        .open(&url)
+        .await;
     conformance::reachable("TEST_REDIS_URL", opened)
 }
 
@@ -279,43 +280,6 @@ async fn killed_connection_is_a_backend_error_then_heals() {
     ));
 }
 
-/// A private `redis-server` on a free port, killed on drop.
-struct PrivateServer {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl PrivateServer {
-    fn start(port: u16) -> Option<Self> {
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .ok()?;
-        Some(Self { child, port })
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for PrivateServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn open_when_up(url: &str) -> RedisStore {
     let start = Instant::now();
     loop {
@@ -335,12 +299,7 @@ async fn open_when_up(url: &str) -> RedisStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_survives_a_server_restart() {
     let port = free_port();
-    let Some(server) = PrivateServer::start(port) else {
-        assert!(
-            !conformance::require_all(),
-            "redis-server is not on PATH but TEST_REQUIRE_ALL_BACKENDS=1"
-        );
-        eprintln!("skipped: redis-server is not on PATH");
+    let Some(server) = PrivateServer::start(port, &[]) else {
         return;
     };
     let store = open_when_up(&server.url()).await;
@@ -363,7 +322,7 @@ async fn store_survives_a_server_restart() {
         );
     }
 
-    let _server = PrivateServer::start(port).unwrap();
+    let _server = PrivateServer::start(port, &[]).expect("it started before");
     let start = Instant::now();
     loop {
         match store.claim(&key, &conformance::fp("a"), lease).await {

@@ -9,29 +9,21 @@
 
 mod cluster;
 mod conformance;
+#[path = "common/redis_prefix.rs"]
+mod redis_prefix;
 
-use std::{sync::Arc, sync::OnceLock, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use cluster::{
     failover::{self, Fault, Mode},
     partition::Partition,
 };
 use redis::AsyncCommands;
+use redis_prefix::test_prefix;
 use tower_idempotency::{
-    store::{RedisStore, Store, StoreError},
+    store::{OnEvictingPolicy, RedisStore, Store, StoreError},
     ClaimOutcome, StoreKey,
 };
-
-fn test_prefix() -> &'static str {
-    static PREFIX: OnceLock<String> = OnceLock::new();
-    PREFIX.get_or_init(|| {
-        format!(
-            "tower-idempotency-test:{}:{}:",
-            std::process::id(),
-            tower_idempotency::Token::random().to_hex()
-        )
-    })
-}
 
 fn cluster_urls() -> Option<Vec<String>> {
     let urls = conformance::url_or_skip("TEST_REDIS_CLUSTER_URLS")?;
@@ -39,9 +31,12 @@ fn cluster_urls() -> Option<Vec<String>> {
 }
 
 /// A store on a NEW cluster connection, or `None` when `TEST_REDIS_CLUSTER_URLS` is unset.
+/// Opening checks that no node evicts records (`maxmemory-policy noeviction` on all six).
 async fn open_store(replica_wait: bool) -> Option<RedisStore> {
     let urls = cluster_urls()?;
-    let mut builder = RedisStore::builder().prefix(test_prefix());
+    let mut builder = RedisStore::builder()
+        .prefix(test_prefix())
+        .on_evicting_policy(OnEvictingPolicy::Refuse);
     if replica_wait {
         builder = builder.wait_for_replicas(1, Duration::from_secs(1));
     }

@@ -11,7 +11,8 @@ use tower_idempotency::outbox::{
 use crate::{backends::Error, payments::Payment, pipeline, sql_payments::SqlPayments};
 
 /// The event of a new payment: `{"event_id", "payment_id", "amount", "currency"}`, whose
-/// `event_id` is also the broker message id that consumers deduplicate on.
+/// `event_id` is also the broker message id that consumers deduplicate on, and whose ordering
+/// key is the payment id (the Kafka record key, the SQS FIFO group).
 pub fn payment_created(payment: &Payment) -> NewEvent {
     let id = NewEvent::fresh_id();
     let payload = serde_json::json!({
@@ -20,7 +21,7 @@ pub fn payment_created(payment: &Payment) -> NewEvent {
         "amount": payment.amount,
         "currency": payment.currency,
     });
-    NewEvent::with_id(id, pipeline::TOPIC, payload.to_string())
+    NewEvent::with_id(id, pipeline::TOPIC, payload.to_string()).with_key(&payment.id)
 }
 
 /// The relay running in this process.

@@ -79,7 +79,7 @@ pub async fn create(State(app): State<App>, extensions: Extensions, body: Bytes)
             }
             response
         }
-        Err(error) => problem::internal(error),
+        Err(error) => problem::storage_failed(&*error),
     }
 }
 
@@ -107,7 +107,7 @@ pub async fn read(State(app): State<App>, Path(id): Path<String>) -> Response {
     match app.payments.get(&id).await {
         Ok(Some(payment)) => with_etag(StatusCode::OK, &payment),
         Ok(None) => problem::not_found(&id),
-        Err(error) => problem::internal(error),
+        Err(error) => problem::storage_failed(&*error),
     }
 }
 
@@ -149,7 +149,7 @@ pub async fn update(
         .await
     {
         Ok(outcome) => outcome,
-        Err(error) => return problem::internal(error),
+        Err(error) => return problem::storage_failed(&*error),
     };
     match outcome.into_http() {
         Ok((_, Some(payment))) => with_etag(StatusCode::OK, &payment),
@@ -169,7 +169,7 @@ pub async fn update(
 pub async fn stats(State(app): State<App>) -> Response {
     match app.payments.charges().await {
         Ok(charges) => Json(serde_json::json!({ "charges": charges })).into_response(),
-        Err(error) => problem::internal(error),
+        Err(error) => problem::storage_failed(&*error),
     }
 }
 

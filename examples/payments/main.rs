@@ -76,6 +76,7 @@ mod backends;
 mod config;
 mod events;
 mod handlers;
+mod outage;
 mod payments;
 #[path = "../pipeline/mod.rs"]
 mod pipeline;

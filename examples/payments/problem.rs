@@ -49,15 +49,32 @@ pub fn lease_lost() -> Response {
     .into_response()
 }
 
-pub fn internal(error: impl std::fmt::Display) -> Response {
-    tracing::error!(%error, "payments storage failed");
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "urn:payments:internal",
-        "Internal error",
+/// A failed read or write of the payments: 503 with `Retry-After` when the database was out
+/// of reach or ended the session (see `outage`), 500 for anything else.
+pub fn storage_failed(error: &(dyn std::error::Error + 'static)) -> Response {
+    if !crate::outage::is_outage(error) {
+        tracing::error!(%error, "payments storage failed");
+        return Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "urn:payments:internal",
+            "Internal error",
+        )
+        .detail("the payment could not be read or written; retry with the same key")
+        .into_response();
+    }
+    tracing::warn!(%error, "payments storage unavailable");
+    let mut response = Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "urn:payments:storage-unavailable",
+        "Payments storage unavailable",
     )
-    .detail("the payment could not be read or written; retry with the same key")
-    .into_response()
+    .detail("the payments database could not be reached; retry with the same key in a second")
+    .into_response();
+    response.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from_static("1"),
+    );
+    response
 }
 
 /// 401 for a POST or PATCH without `Authorization`: every operation belongs to a caller.

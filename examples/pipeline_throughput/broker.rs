@@ -85,6 +85,7 @@ impl Topology {
                     OutgoingMessage {
                         id: event.id,
                         topic: event.topic,
+                        key: event.key,
                         payload: event.payload,
                     }
                 })

@@ -214,7 +214,7 @@ async fn plain<D: Delivery>(pool: &PgPool, handler: &Record, delivery: &D) -> Re
     let message = Message {
         id: delivery.message_id().ok_or("no message id")?.to_owned(),
         payload: serde_json::from_slice(delivery.payload())?,
-        attempt: delivery.attempt(),
+        attempt: delivery.delivery_count(),
     };
     let mut tx = pool.begin().await?;
     handler.handle(&mut tx, &message).await?;

@@ -27,7 +27,10 @@ use lapin::{
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
 
-use super::{BrokerError, Delivery, OutgoingMessage, Publisher, Subscriber};
+use super::{
+    deadline, within, BrokerError, Delivery, OutgoingMessage, Publisher, Refusal, Subscriber,
+    Verdict, DEFAULT_CALL_TIMEOUT,
+};
 
 /// The client library, for what this module does not wrap (e.g. deleting a test's queues).
 pub use lapin;
@@ -171,6 +174,7 @@ pub struct AmqpPublisher {
     connection: Connection,
     channel: Channel,
     exchange: String,
+    timeout: Duration,
 }
 
 impl AmqpPublisher {
@@ -185,13 +189,18 @@ impl AmqpPublisher {
             connection,
             channel,
             exchange: topology.exchange.clone(),
+            timeout: DEFAULT_CALL_TIMEOUT,
         })
     }
-}
 
-#[async_trait]
-impl Publisher for AmqpPublisher {
-    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+    /// The time limit of one batch, publishes and confirms (default
+    /// [`DEFAULT_CALL_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    async fn publish_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Verdict>, BrokerError> {
         let publish = |e| BrokerError::broker(BROKER, "publish", e);
         // All publishes first, then all confirms: one round trip per batch, not per message,
         // and one channel keeps their order.
@@ -215,27 +224,35 @@ impl Publisher for AmqpPublisher {
                 )
                 .await
                 .map_err(publish)?;
-            confirms.push((message, confirm));
+            confirms.push(confirm);
         }
-        for (message, confirm) in confirms {
+        let mut verdicts = Vec::with_capacity(confirms.len());
+        for confirm in confirms {
             let confirmation = confirm.await.map_err(publish)?;
-            let refused = |reason: &str| BrokerError::Refused {
-                broker: BROKER,
-                message_id: message.id.clone(),
-                reason: reason.to_owned(),
-            };
-            if confirmation.is_nack() {
-                return Err(refused("publisher nack"));
-            }
-            if confirmation.take_message().is_some() {
-                return Err(refused("no queue is bound to its routing key"));
-            }
+            verdicts.push(if confirmation.is_nack() {
+                Err(Refusal::new(BROKER, "publisher nack"))
+            } else if confirmation.take_message().is_some() {
+                Err(Refusal::new(BROKER, "no queue is bound to its routing key"))
+            } else {
+                Ok(())
+            });
         }
-        Ok(())
+        Ok(verdicts)
+    }
+}
+
+#[async_trait]
+impl Publisher for AmqpPublisher {
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError> {
+        deadline(BROKER, "publish", self.timeout, self.publish_all(messages)).await
     }
 
     async fn close(&self) {
-        let _ = self.connection.close(200, "relay stopped").await;
+        let _ =
+            tokio::time::timeout(self.timeout, self.connection.close(200, "relay stopped")).await;
     }
 }
 
@@ -243,6 +260,7 @@ impl Publisher for AmqpPublisher {
 pub struct AmqpSubscriber {
     connection: Connection,
     consumer: lapin::Consumer,
+    timeout: Duration,
 }
 
 impl AmqpSubscriber {
@@ -270,6 +288,7 @@ impl AmqpSubscriber {
         Ok(Self {
             connection,
             consumer,
+            timeout: DEFAULT_CALL_TIMEOUT,
         })
     }
 }
@@ -280,7 +299,10 @@ impl Subscriber for AmqpSubscriber {
 
     async fn next(&mut self) -> Result<AmqpDelivery, BrokerError> {
         match self.consumer.next().await {
-            Some(Ok(delivery)) => Ok(AmqpDelivery(delivery)),
+            Some(Ok(delivery)) => Ok(AmqpDelivery {
+                delivery,
+                timeout: self.timeout,
+            }),
             Some(Err(e)) => Err(BrokerError::broker(BROKER, "receive", e)),
             None => Err(BrokerError::Closed { broker: BROKER }),
         }
@@ -288,17 +310,21 @@ impl Subscriber for AmqpSubscriber {
 
     async fn close(self) {
         // Deliveries still unacknowledged go back to the queue.
-        let _ = self.connection.close(200, "consumer stopped").await;
+        let _ = tokio::time::timeout(self.timeout, self.connection.close(200, "consumer stopped"))
+            .await;
     }
 }
 
 /// A RabbitMQ delivery.
-pub struct AmqpDelivery(lapin::message::Delivery);
+pub struct AmqpDelivery {
+    delivery: lapin::message::Delivery,
+    timeout: Duration,
+}
 
 #[async_trait]
 impl Delivery for AmqpDelivery {
     fn message_id(&self) -> Option<&str> {
-        self.0
+        self.delivery
             .properties
             .message_id()
             .as_ref()
@@ -306,13 +332,14 @@ impl Delivery for AmqpDelivery {
     }
 
     fn payload(&self) -> &[u8] {
-        &self.0.data
+        &self.delivery.data
     }
 
-    fn attempt(&self) -> u32 {
-        // Quorum queues count earlier deliveries in `x-delivery-count`.
+    fn delivery_count(&self) -> u32 {
+        // Quorum queues count earlier deliveries in `x-delivery-count` (not every cause on
+        // every RabbitMQ version); `redelivered` says there was at least one.
         let earlier = self
-            .0
+            .delivery
             .properties
             .headers()
             .as_ref()
@@ -324,33 +351,33 @@ impl Delivery for AmqpDelivery {
                 _ => None,
             })
             .unwrap_or(0);
-        earlier + 1
+        let earlier = if self.delivery.redelivered {
+            earlier.max(1)
+        } else {
+            earlier
+        };
+        earlier.saturating_add(1)
     }
 
     async fn ack(&self) -> Result<(), BrokerError> {
-        self.0
-            .ack(BasicAckOptions::default())
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "ack", e))
+        let ack = self.delivery.ack(BasicAckOptions::default());
+        within(BROKER, "ack", self.timeout, ack).await
     }
 
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
         // RabbitMQ has no delayed requeue: wait here (holding only the delivery, no database
         // connection), then requeue.
         tokio::time::sleep(delay).await;
-        self.0
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..BasicNackOptions::default()
-            })
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "nack", e))
+        let nack = self.delivery.nack(BasicNackOptions {
+            requeue: true,
+            ..BasicNackOptions::default()
+        });
+        within(BROKER, "nack", self.timeout, nack).await
     }
 
-    async fn dead_letter(&self) -> Result<(), BrokerError> {
-        self.0
-            .reject(BasicRejectOptions { requeue: false })
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "reject", e))
+    async fn dead_letter(&self, _reason: &str) -> Result<(), BrokerError> {
+        // The reason is in the consumer's log line; RabbitMQ's `x-death` header keeps the queue.
+        let reject = self.delivery.reject(BasicRejectOptions { requeue: false });
+        within(BROKER, "reject", self.timeout, reject).await
     }
 }

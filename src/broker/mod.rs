@@ -10,6 +10,48 @@
 //! Both are at-least-once: a message may arrive twice, and two copies may be in flight at
 //! once. The inbox turns that into exactly one effect in your database.
 //!
+//! # The contract a broker implements
+//!
+//! Four brokers must fit it (RabbitMQ, NATS JetStream, Kafka, SQS), and each fault of the
+//! infrastructure must cost latency, never an attempt of a message, a lost message or a second
+//! effect. So:
+//!
+//! - **Per-message verdicts.** [`Publisher::publish_confirmed`] answers
+//!   `Err(`[`BrokerError`]`)` when the broker or the connection failed (nothing is known about
+//!   any message, and the relay counts nothing against its rows), and otherwise one
+//!   [`Verdict`] per message, in order: `Ok(())` (the broker stored it) or a [`Refusal`] (the
+//!   broker will never take *this* message: a RabbitMQ `mandatory` return or publisher nack, a
+//!   NATS subject no stream covers). One refused message does not fail its neighbours, and the
+//!   outbox counts refusals per row, with backoff, and parks a row past its limit. A refusal is
+//!   a verdict about the message: an implementation that cannot tell a refusal from a broker
+//!   that is down answers `Err`, never a [`Refusal`].
+//! - **Every call has a deadline.** Connecting, publishing, waiting for confirms and settling
+//!   a delivery each end within their time limit ([`BrokerError::TimedOut`]); a broker that
+//!   hangs without closing the connection is a failure like any other.
+//! - **An ordering key.** [`OutgoingMessage::key`] (the aggregate id, e.g. the payment id) is
+//!   the Kafka record key and the SQS FIFO `MessageGroupId`: messages of one key keep their
+//!   order where the broker partitions by key. RabbitMQ and NATS ignore it.
+//! - **Subscribers own their session.** [`Subscriber::next`] reconnects by itself, with
+//!   jittered [`Backoff`] under a ceiling, and returns `Err` only when it can never work again
+//!   ([`BrokerError::is_permanent`]: closed, or a configuration the broker refuses for good).
+//!   A delivery of a session that died fails to settle, harmlessly: the broker delivers the
+//!   message again, and the inbox answers "duplicate" if it was handled.
+//! - **Settling.** A [`Delivery`] is settled by [`ack`](Delivery::ack),
+//!   [`retry`](Delivery::retry) (give it back for a later delivery: the handler failed) or
+//!   [`dead_letter`](Delivery::dead_letter); a delivery held longer than the broker's lease is
+//!   kept by [`keep_alive`](Delivery::keep_alive) every
+//!   [`keep_alive_every`](Delivery::keep_alive_every) (NATS `+WPI`, SQS
+//!   `ChangeMessageVisibility`; RabbitMQ and Kafka have no lease). A broker that cannot
+//!   redeliver one message (Kafka) retries locally: the subscriber hands the message out again
+//!   after the delay and does not commit past it; Kafka commits, per partition, the
+//!   contiguous prefix of settled offsets.
+//! - **Only the handler spends attempts.** The broker's delivery count
+//!   ([`Delivery::delivery_count`]) also rises when a connection drops or a consumer dies, so
+//!   it is no budget: the [inbox consumer](crate::inbox::Consumer) counts handler failures in
+//!   its database and dead-letters on that count. The brokers' own limits (RabbitMQ
+//!   `x-delivery-limit`, NATS `max_deliver`, SQS `maxReceiveCount`) are a high backstop only,
+//!   against a message that kills its consumer every time.
+//!
 //! # The pipeline end to end
 //!
 //! A broker redelivers (ack wait, consumer restart, rebalance, deploy), and the copies overlap.
@@ -64,7 +106,7 @@
 //! (its crash window, for tests). MySQL / MariaDB relays take rows with `SKIP LOCKED` and poll;
 //! SQLite relays take turns (`BEGIN IMMEDIATE`, one writer) and poll.
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use async_trait::async_trait;
 
@@ -72,8 +114,15 @@ use crate::BoxError;
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+mod backoff;
 #[cfg(feature = "nats")]
 pub mod nats;
+
+pub use backoff::Backoff;
+
+/// The time limit of one broker call when the broker's constructor is not told otherwise:
+/// connecting, publishing a batch and waiting for its confirms, settling a delivery.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One message to publish: an outbox row on its way to the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,17 +133,57 @@ pub struct OutgoingMessage {
     /// What the message is about, e.g. `payment.created`: the routing key on RabbitMQ; NATS
     /// maps it to a subject.
     pub topic: String,
+    /// The ordering key, e.g. the payment id: messages of one key stay in order where the
+    /// broker partitions by key (the Kafka record key, the SQS FIFO `MessageGroupId`).
+    /// `None`: no order promised (rows written before the outbox had the column, or events
+    /// enqueued without a key).
+    pub key: Option<String>,
     /// The body (JSON by convention).
     pub payload: Vec<u8>,
+}
+
+/// The broker's answer for one message of a batch: `Ok(())` when it stored it.
+pub type Verdict = Result<(), Refusal>;
+
+/// The broker will not take this message (and would not take it again as it is): a RabbitMQ
+/// `mandatory` return (no queue bound to its routing key) or publisher nack, a NATS subject no
+/// stream covers, an SQS batch entry rejected as invalid. Never a broker that is down: that is
+/// a [`BrokerError`] for the whole batch.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{broker} refused the message: {reason}")]
+pub struct Refusal {
+    /// `"amqp"`, `"nats"`, ...
+    pub broker: &'static str,
+    /// What the broker said, for the outbox row's `last_error` and the log.
+    pub reason: String,
+}
+
+impl Refusal {
+    /// A refusal by `broker` for `reason`.
+    pub fn new(broker: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            broker,
+            reason: reason.into(),
+        }
+    }
 }
 
 /// Publishes messages and waits until the broker has taken responsibility for them.
 #[async_trait]
 pub trait Publisher: Send + Sync + 'static {
-    /// Publishes `messages` in order and returns once the broker confirmed every one of them
-    /// (stored durably). On an error some of them may have been published anyway: the caller
-    /// keeps them unsent and publishes them again (consumers deduplicate by id).
-    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError>;
+    /// Publishes `messages` in order and waits for the broker's answer on each, within the
+    /// publisher's time limit.
+    ///
+    /// - `Ok(verdicts)`: exactly one [`Verdict`] per message, in the order of `messages`.
+    ///   The accepted ones are stored by the broker; the refused ones were not taken.
+    /// - `Err(_)`: the broker or the connection failed, or the time limit passed: nothing is
+    ///   known about any message (some may have been stored anyway). The caller keeps them all
+    ///   unsent and publishes them again later (consumers deduplicate by id), without counting
+    ///   this against any of them.
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError>;
 
     /// Closes the connection politely (a relay calls it when it stops). Default: nothing.
     async fn close(&self) {}
@@ -102,7 +191,10 @@ pub trait Publisher: Send + Sync + 'static {
 
 #[async_trait]
 impl<P: Publisher + ?Sized> Publisher for Box<P> {
-    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError> {
         (**self).publish_confirmed(messages).await
     }
 
@@ -113,7 +205,10 @@ impl<P: Publisher + ?Sized> Publisher for Box<P> {
 
 #[async_trait]
 impl<P: Publisher + ?Sized> Publisher for std::sync::Arc<P> {
-    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError> {
         (**self).publish_confirmed(messages).await
     }
 
@@ -122,14 +217,20 @@ impl<P: Publisher + ?Sized> Publisher for std::sync::Arc<P> {
     }
 }
 
-/// A stream of deliveries from one durable queue or consumer.
+/// A stream of deliveries from one durable queue or consumer, over a session (connection,
+/// channel, pull subscription) the subscriber owns and rebuilds.
 #[async_trait]
 pub trait Subscriber: Send + 'static {
     /// What [`next`](Self::next) hands out.
     type Delivery: Delivery;
 
-    /// The next delivery; waits until one arrives. An error means the connection is gone:
-    /// unacknowledged deliveries go back to the broker by themselves.
+    /// The next delivery; waits until one arrives. When the session fails (the broker
+    /// restarted, the connection dropped, a heartbeat was missed, the channel or consumer was
+    /// cancelled) it reconnects by itself, with jittered backoff under a ceiling, and goes on;
+    /// the deliveries of the dead session go back to the broker by themselves.
+    ///
+    /// An error means the subscriber can never work again ([`BrokerError::is_permanent`]):
+    /// it was closed, or the broker refuses its configuration for good.
     async fn next(&mut self) -> Result<Self::Delivery, BrokerError>;
 
     /// Closes the connection politely once every delivery is settled (a consumer calls it
@@ -143,21 +244,42 @@ pub trait Subscriber: Send + 'static {
 
 /// One delivered copy of a message. Exactly one of [`ack`](Self::ack),
 /// [`retry`](Self::retry) or [`dead_letter`](Self::dead_letter) settles it; a delivery that is
-/// never settled (the process died) is delivered again by the broker.
+/// never settled (the process died, the session was lost) is delivered again by the broker.
+/// Each settling call ends within the subscriber's time limit; one that fails is harmless: the
+/// broker delivers the message again, and the inbox tells a duplicate.
 #[async_trait]
 pub trait Delivery: Send + Sync + 'static {
     /// The message id set by the publisher, if any.
     fn message_id(&self) -> Option<&str>;
     /// The body.
     fn payload(&self) -> &[u8];
-    /// Which delivery of this message this is, counting from 1, when the broker tells.
-    fn attempt(&self) -> u32;
+    /// Which delivery of this message this is by the broker's count, from 1. It is 1 only
+    /// when the broker knows this is the first delivery: a redelivery of any cause, a local
+    /// retry (Kafka) included, counts more, and a broker that cannot tell says 2. The inbox
+    /// reads a message's failure count from its database only when this is above 1, so a
+    /// first delivery costs no extra round trip. Never a budget: it also rises when a
+    /// connection drops or a consumer dies.
+    fn delivery_count(&self) -> u32;
     /// Done: the broker forgets the message.
     async fn ack(&self) -> Result<(), BrokerError>;
-    /// Not now: deliver it again later (after `delay` where the broker supports it).
+    /// Not now: deliver it again after about `delay`. Brokers without delayed redelivery
+    /// wait here first (holding only the delivery); Kafka hands it out again locally.
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError>;
-    /// Never: move it to the dead-letter route (RabbitMQ) or stop its redelivery (NATS term).
-    async fn dead_letter(&self) -> Result<(), BrokerError>;
+    /// Never: move it to the dead-letter route (RabbitMQ `<queue>.dead`, a dead-letter topic
+    /// or queue) or stop its redelivery (NATS term), with `reason` where the broker can keep
+    /// one.
+    async fn dead_letter(&self, reason: &str) -> Result<(), BrokerError>;
+    /// How often [`keep_alive`](Self::keep_alive) must be called while the delivery is held,
+    /// so that the broker does not hand it to another consumer: `None` when the broker has no
+    /// lease on a delivery (RabbitMQ, Kafka). Default: `None`.
+    fn keep_alive_every(&self) -> Option<Duration> {
+        None
+    }
+    /// Extends the broker's lease on the delivery (NATS `+WPI`, SQS
+    /// `ChangeMessageVisibility`). Default: nothing to do.
+    async fn keep_alive(&self) -> Result<(), BrokerError> {
+        Ok(())
+    }
 }
 
 /// Why a broker operation failed.
@@ -165,11 +287,12 @@ pub trait Delivery: Send + Sync + 'static {
 #[non_exhaustive]
 pub enum BrokerError {
     /// The broker failed or could not be reached; the source is the client library's error.
+    /// Transient: a subscriber reconnects, a relay tries again later.
     #[error(
         "{broker}: could not {action}; check that the broker is reachable at the configured URL"
     )]
     Broker {
-        /// `"amqp"` or `"nats"`.
+        /// `"amqp"`, `"nats"`, ...
         broker: &'static str,
         /// What was being done (`"connect"`, `"publish"`, `"declare the topology"`, ...).
         action: &'static str,
@@ -177,25 +300,47 @@ pub enum BrokerError {
         #[source]
         source: BoxError,
     },
-    /// The broker refused a message (a publisher nack, or no queue bound to its routing key).
-    #[error("{broker} refused message {message_id}: {reason}")]
-    Refused {
-        /// `"amqp"` or `"nats"`.
+    /// The broker did not answer within the time limit. Transient, like [`Broker`](Self::Broker).
+    #[error("{broker}: could not {action} within {after:?}; the broker is slow or unreachable")]
+    TimedOut {
+        /// `"amqp"`, `"nats"`, ...
         broker: &'static str,
-        /// The refused message's id.
-        message_id: String,
-        /// What the broker said.
-        reason: String,
+        /// What was being done.
+        action: &'static str,
+        /// The time limit that passed.
+        after: Duration,
     },
-    /// The subscription ended (the connection or channel closed).
-    #[error("{broker}: the subscription ended; reconnect")]
+    /// The broker refuses the configuration for good (a queue declared with other arguments,
+    /// access refused, a stream that cannot be created): fix the configuration or the
+    /// broker's objects. Permanent.
+    #[error("{broker}: could not {action}: the broker refuses this configuration; fix it or delete the conflicting object")]
+    Misconfigured {
+        /// `"amqp"`, `"nats"`, ...
+        broker: &'static str,
+        /// What was being done.
+        action: &'static str,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The subscriber or publisher was closed. Permanent.
+    #[error("{broker}: closed")]
     Closed {
-        /// `"amqp"` or `"nats"`.
+        /// `"amqp"`, `"nats"`, ...
         broker: &'static str,
     },
 }
 
 impl BrokerError {
+    /// Whether retrying can never help: the subscriber was closed, or the broker refuses the
+    /// configuration. [`Subscriber::next`] returns only such errors.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            BrokerError::Misconfigured { .. } | BrokerError::Closed { .. }
+        )
+    }
+
     #[allow(dead_code)] // used by the broker modules, each behind its feature
     pub(crate) fn broker(
         broker: &'static str,
@@ -210,8 +355,40 @@ impl BrokerError {
     }
 }
 
+/// Runs `call` (the client library's future for `action`) under the time limit `limit`.
+#[allow(dead_code)] // used by the broker modules, each behind its feature
+pub(crate) async fn within<T, E: Into<BoxError>>(
+    broker: &'static str,
+    action: &'static str,
+    limit: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, BrokerError> {
+    let call = async {
+        call.await
+            .map_err(|e| BrokerError::broker(broker, action, e))
+    };
+    deadline(broker, action, limit, call).await
+}
+
+/// Runs `call`, which fails with a [`BrokerError`] already, under the time limit `limit`.
+#[allow(dead_code)] // used by the broker modules, each behind its feature
+pub(crate) async fn deadline<T>(
+    broker: &'static str,
+    action: &'static str,
+    limit: Duration,
+    call: impl Future<Output = Result<T, BrokerError>>,
+) -> Result<T, BrokerError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or(Err(BrokerError::TimedOut {
+            broker,
+            action,
+            after: limit,
+        }))
+}
+
 /// An error with its sources, for one log line.
-#[cfg(feature = "sqlx")] // the relay and the consumer log with it
+#[cfg(any(feature = "sqlx", feature = "nats"))] // the relay, the consumer, NATS refusals
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();

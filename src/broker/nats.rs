@@ -19,12 +19,16 @@ use async_nats::{
     jetstream::{
         self,
         consumer::{pull, AckPolicy},
+        context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind},
         AckKind,
     },
     HeaderMap,
 };
 
-use super::{BrokerError, Delivery, OutgoingMessage, Publisher, Subscriber};
+use super::{
+    deadline, within, BrokerError, Delivery, OutgoingMessage, Publisher, Refusal, Subscriber,
+    Verdict, DEFAULT_CALL_TIMEOUT,
+};
 
 /// The client library, for what this module does not wrap (e.g. deleting a test's stream).
 pub use async_nats;
@@ -117,6 +121,7 @@ type Route = Arc<dyn Fn(&str) -> String + Send + Sync>;
 pub struct NatsPublisher {
     js: jetstream::Context,
     route: Route,
+    timeout: Duration,
 }
 
 impl NatsPublisher {
@@ -128,6 +133,7 @@ impl NatsPublisher {
         Ok(Self {
             js,
             route: Arc::new(str::to_owned),
+            timeout: DEFAULT_CALL_TIMEOUT,
         })
     }
 
@@ -136,38 +142,82 @@ impl NatsPublisher {
         self.route = Arc::new(route);
         self
     }
-}
 
-#[async_trait]
-impl Publisher for NatsPublisher {
-    async fn publish_confirmed(&self, messages: &[OutgoingMessage]) -> Result<(), BrokerError> {
+    /// The time limit of one batch, publishes and acks (default [`DEFAULT_CALL_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    async fn publish_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Verdict>, BrokerError> {
         let publish = |e| BrokerError::broker(BROKER, "publish", e);
         let mut acks = Vec::with_capacity(messages.len());
         for message in messages {
             let mut headers = HeaderMap::new();
             headers.insert(NATS_MESSAGE_ID, message.id.as_str());
+            let subject = (self.route)(&message.topic);
             let ack = self
                 .js
                 .publish_with_headers(
-                    (self.route)(&message.topic),
+                    subject.clone(),
                     headers,
                     Bytes::copy_from_slice(&message.payload),
                 )
                 .await
                 .map_err(publish)?;
-            acks.push(ack);
+            acks.push((subject, ack));
         }
-        for ack in acks {
+        let mut verdicts = Vec::with_capacity(acks.len());
+        for (subject, ack) in acks {
             // A duplicate (`duplicate: true`) is acknowledged too: the stream has it already.
-            ack.await.map_err(publish)?;
+            verdicts.push(match ack.await {
+                Ok(_) => Ok(()),
+                Err(error) => Err(self.refusal(&subject, error).await?),
+            });
         }
-        Ok(())
+        Ok(verdicts)
+    }
+
+    /// What a failed publish ack says about the message: a refusal when the server answered
+    /// about it, a [`BrokerError`] when the broker may just be unwell.
+    async fn refusal(&self, subject: &str, error: PublishError) -> Result<Refusal, BrokerError> {
+        match error.kind() {
+            // "No responders" is also what a JetStream that is restarting answers: the
+            // message is refused only if the server says that no stream covers its subject.
+            PublishErrorKind::StreamNotFound => match self.js.stream_by_subject(subject).await {
+                Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => Ok(Refusal::new(
+                    BROKER,
+                    format!("no stream covers subject {subject}"),
+                )),
+                _ => Err(BrokerError::broker(BROKER, "publish", error)),
+            },
+            // The stream answered with an error about this message (e.g. too large).
+            PublishErrorKind::Other
+                if std::error::Error::source(&error)
+                    .is_some_and(|source| source.is::<jetstream::Error>()) =>
+            {
+                Ok(Refusal::new(BROKER, super::error_chain(&error)))
+            }
+            _ => Err(BrokerError::broker(BROKER, "publish", error)),
+        }
+    }
+}
+
+#[async_trait]
+impl Publisher for NatsPublisher {
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError> {
+        deadline(BROKER, "publish", self.timeout, self.publish_all(messages)).await
     }
 }
 
 /// Pulls from the topology's durable consumer.
 pub struct NatsSubscriber {
     messages: pull::Stream,
+    ack_wait: Duration,
+    timeout: Duration,
 }
 
 impl NatsSubscriber {
@@ -185,7 +235,11 @@ impl NatsSubscriber {
             .messages()
             .await
             .map_err(|e| BrokerError::broker(BROKER, "pull", e))?;
-        Ok(Self { messages })
+        Ok(Self {
+            messages,
+            ack_wait: topology.ack_wait,
+            timeout: DEFAULT_CALL_TIMEOUT,
+        })
     }
 }
 
@@ -196,7 +250,13 @@ impl Subscriber for NatsSubscriber {
     async fn next(&mut self) -> Result<NatsDelivery, BrokerError> {
         loop {
             match self.messages.next().await {
-                Some(Ok(message)) => return Ok(NatsDelivery(message)),
+                Some(Ok(message)) => {
+                    return Ok(NatsDelivery {
+                        message,
+                        ack_wait: self.ack_wait,
+                        timeout: self.timeout,
+                    })
+                }
                 // Missed heartbeats and the like: the stream recovers by itself.
                 Some(Err(error)) => {
                     tracing::warn!(%error, "nats: pulling messages failed; retrying");
@@ -209,21 +269,22 @@ impl Subscriber for NatsSubscriber {
 }
 
 /// A JetStream delivery.
-pub struct NatsDelivery(jetstream::Message);
+pub struct NatsDelivery {
+    message: jetstream::Message,
+    ack_wait: Duration,
+    timeout: Duration,
+}
 
 impl NatsDelivery {
     async fn settle(&self, kind: AckKind, action: &'static str) -> Result<(), BrokerError> {
-        self.0
-            .ack_with(kind)
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, action, e))
+        within(BROKER, action, self.timeout, self.message.ack_with(kind)).await
     }
 }
 
 #[async_trait]
 impl Delivery for NatsDelivery {
     fn message_id(&self) -> Option<&str> {
-        self.0
+        self.message
             .headers
             .as_ref()
             .and_then(|headers| headers.get(NATS_MESSAGE_ID))
@@ -231,11 +292,11 @@ impl Delivery for NatsDelivery {
     }
 
     fn payload(&self) -> &[u8] {
-        &self.0.payload
+        &self.message.payload
     }
 
-    fn attempt(&self) -> u32 {
-        self.0
+    fn delivery_count(&self) -> u32 {
+        self.message
             .info()
             .ok()
             .and_then(|info| u32::try_from(info.delivered).ok())
@@ -244,17 +305,24 @@ impl Delivery for NatsDelivery {
 
     async fn ack(&self) -> Result<(), BrokerError> {
         // Waits for the server to confirm the ack, so an ack lost on the way shows up here.
-        self.0
-            .double_ack()
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "ack", e))
+        within(BROKER, "ack", self.timeout, self.message.double_ack()).await
     }
 
     async fn retry(&self, delay: Duration) -> Result<(), BrokerError> {
         self.settle(AckKind::Nak(Some(delay)), "nak").await
     }
 
-    async fn dead_letter(&self) -> Result<(), BrokerError> {
+    async fn dead_letter(&self, _reason: &str) -> Result<(), BrokerError> {
+        // nats-server 2.9 has no term reason; the consumer's log line keeps it.
         self.settle(AckKind::Term, "term").await
+    }
+
+    fn keep_alive_every(&self) -> Option<Duration> {
+        // A third of the ack wait: two keep-alives may be late before the lease runs out.
+        Some(self.ack_wait / 3)
+    }
+
+    async fn keep_alive(&self) -> Result<(), BrokerError> {
+        self.settle(AckKind::Progress, "extend the ack wait").await
     }
 }

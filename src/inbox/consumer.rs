@@ -227,7 +227,7 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
         let message = Message {
             id,
             payload,
-            attempt: delivery.attempt(),
+            attempt: delivery.delivery_count(),
         };
         let config = &self.inner.config;
         let deadline = crate::clock::deadline_in(config.busy_patience);
@@ -319,7 +319,7 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
             message_id = %id,
             "dead-lettered a message that cannot be handled: {reason}; it will not be retried"
         );
-        settle(delivery.dead_letter().await, Outcome::DeadLettered)
+        settle(delivery.dead_letter(reason).await, Outcome::DeadLettered)
     }
 }
 

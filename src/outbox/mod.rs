@@ -65,6 +65,9 @@ pub struct NewEvent {
     pub id: String,
     /// The topic, e.g. `payment.created` (the routing key on RabbitMQ).
     pub topic: String,
+    /// The ordering key, e.g. the payment id (see [`with_key`](Self::with_key)); `None` by
+    /// default.
+    pub key: Option<String>,
     /// The body, JSON by convention.
     pub payload: Vec<u8>,
 }
@@ -84,8 +87,17 @@ impl NewEvent {
         Self {
             id: id.into(),
             topic: topic.into(),
+            key: None,
             payload: payload.into(),
         }
+    }
+
+    /// Sets the ordering key: the aggregate the event is about (e.g. the payment id). Brokers
+    /// that partition by key keep the events of one key in order (the Kafka record key, the
+    /// SQS FIFO `MessageGroupId`); RabbitMQ and NATS ignore it.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
     }
 
     /// A fresh random event id.
@@ -108,6 +120,15 @@ pub enum OutboxError {
     /// The table name is not a valid SQL identifier.
     #[error(transparent)]
     Config(#[from] InvalidIdentifier),
+    /// The publisher answered for another number of messages than it was given (a bug in a
+    /// [`Publisher`] implementation): the batch stays unsent and is retried.
+    #[error("the publisher returned {verdicts} verdicts for {messages} messages; fix the Publisher implementation")]
+    Verdicts {
+        /// Messages in the batch.
+        messages: usize,
+        /// Verdicts returned.
+        verdicts: usize,
+    },
 }
 
 impl From<sqlx::Error> for OutboxError {
@@ -142,13 +163,15 @@ pub trait OutboxSource: Send + Sync + 'static {
     }
 }
 
-/// The sequence numbers and messages of rows `seq, id, topic, payload` taken by a relay.
+/// The sequence numbers and messages of rows `seq, id, topic, payload, ordering_key` taken by
+/// a relay.
 fn decode_batch<R>(rows: Vec<R>) -> Result<(Vec<i64>, Vec<OutgoingMessage>), sqlx::Error>
 where
     R: sqlx::Row,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database>,
     for<'c> &'c str: sqlx::ColumnIndex<R>,
 {
     let mut seqs = Vec::with_capacity(rows.len());
@@ -158,6 +181,7 @@ where
         messages.push(OutgoingMessage {
             id: row.try_get("id")?,
             topic: row.try_get("topic")?,
+            key: row.try_get("ordering_key")?,
             payload: row.try_get("payload")?,
         });
     }

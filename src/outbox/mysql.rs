@@ -4,7 +4,7 @@ use sqlx::MySql;
 
 use super::sql_outbox::{sealed::Dialect, SqlOutbox, Statements};
 use super::OutboxError;
-use crate::sql::{self, statement, TableName};
+use crate::sql::{self, statement, AddedColumn, TableName};
 
 /// The outbox table on MySQL or MariaDB. Clones share the pool. Relays poll (MySQL has no
 /// `LISTEN`); set [`RelayConfig::poll_interval`](super::RelayConfig::poll_interval) to the
@@ -18,6 +18,7 @@ use crate::sql::{self, statement, TableName};
 ///     payload    LONGBLOB     NOT NULL,
 ///     created_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
 ///     sent_at    DATETIME(6)  NULL,
+///     ordering_key VARCHAR(255) NULL,
 ///     INDEX (sent_at, seq)
 /// ) ENGINE = InnoDB;
 /// ```
@@ -42,15 +43,16 @@ impl Dialect for MySql {
     payload    LONGBLOB     NOT NULL,
     created_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     sent_at    DATETIME(6)  NULL,
+    ordering_key VARCHAR(255) NULL,
     INDEX {index} (sent_at, seq)
 ) ENGINE = InnoDB"
             )],
             enqueue: statement(format!(
-                "INSERT INTO {t} (id, topic, payload) VALUES (?, ?, ?)"
+                "INSERT INTO {t} (id, topic, payload, ordering_key) VALUES (?, ?, ?, ?)"
             )),
             channel: None,
             take: statement(format!(
-                "SELECT seq, id, topic, payload FROM {t} WHERE sent_at IS NULL
+                "SELECT seq, id, topic, payload, ordering_key FROM {t} WHERE sent_at IS NULL
                  ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED"
             )),
             // Followed by `(?, ?, ...)`, one placeholder per row.
@@ -62,6 +64,10 @@ impl Dialect for MySql {
                  ORDER BY sent_at LIMIT ?"
             )),
             unsent: Statements::unsent(&table),
+            upgrades: vec![AddedColumn {
+                name: "ordering_key",
+                add: format!("ALTER TABLE {t} ADD COLUMN ordering_key VARCHAR(255) NULL"),
+            }],
             table,
         }
     }
@@ -71,6 +77,7 @@ impl MySqlOutbox {
     /// Creates the table if it does not exist. Never touches `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
         sql::execute_each(&self.pool, &self.sql.schema).await?;
+        sql::add_columns(&self.pool, self.sql.table.as_str(), &self.sql.upgrades).await?;
         Ok(())
     }
 

@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 
 use super::sql_outbox::{sealed::Dialect, SqlOutbox, Statements};
 use super::OutboxError;
-use crate::sql::{self, statement, Query, TableName};
+use crate::sql::{self, statement, AddedColumn, Query, TableName};
 
 /// The outbox table on PostgreSQL. Clones share the pool.
 ///
@@ -39,7 +39,8 @@ impl Dialect for Postgres {
     topic      TEXT             NOT NULL,
     payload    BYTEA            NOT NULL,
     created_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
-    sent_at    TIMESTAMPTZ
+    sent_at    TIMESTAMPTZ,
+    ordering_key TEXT
 );
 CREATE INDEX IF NOT EXISTS {unsent_idx} ON {t} (seq) WHERE sent_at IS NULL;
 CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL;
@@ -47,20 +48,27 @@ CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL
             )],
             // NOTIFY is transactional: it reaches the relays at commit, and never on rollback.
             enqueue: statement(format!(
-                "WITH row AS (INSERT INTO {t} (id, topic, payload) VALUES ($1, $2, $3) RETURNING seq)
-                 SELECT pg_notify($4, '') FROM row"
+                "WITH row AS (INSERT INTO {t} (id, topic, payload, ordering_key)
+                              VALUES ($1, $2, $3, $4) RETURNING seq)
+                 SELECT pg_notify($5, '') FROM row"
             )),
             take: statement(format!(
-                "SELECT seq, id, topic, payload FROM {t} WHERE sent_at IS NULL
+                "SELECT seq, id, topic, payload, ordering_key FROM {t} WHERE sent_at IS NULL
                  ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED"
             )),
-            mark: statement(format!("UPDATE {t} SET sent_at = now() WHERE seq = ANY($1)")),
+            mark: statement(format!(
+                "UPDATE {t} SET sent_at = now() WHERE seq = ANY($1)"
+            )),
             purge: statement(format!(
                 "DELETE FROM {t} WHERE seq IN (
                      SELECT seq FROM {t} WHERE sent_at < now() - $1 * interval '1 millisecond'
                      LIMIT $2)"
             )),
             unsent: Statements::unsent(&table),
+            upgrades: vec![AddedColumn {
+                name: "ordering_key",
+                add: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS ordering_key TEXT"),
+            }],
             table,
         }
     }
@@ -105,7 +113,9 @@ impl PgOutbox {
     /// Creates the table and its indexes if they do not exist (safe when several processes
     /// start at once). Never touches `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
-        sql::migrate_postgres(&self.pool, self.sql.table.as_str(), self.schema_sql()).await?;
+        let table = self.sql.table.as_str();
+        sql::migrate_postgres(&self.pool, table, self.schema_sql()).await?;
+        sql::add_columns(&self.pool, table, &self.sql.upgrades).await?;
         Ok(())
     }
 

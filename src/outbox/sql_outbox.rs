@@ -9,7 +9,7 @@ use sqlx::{Database, Executor, IntoArguments, Pool, SqlStr};
 
 use super::{count, decode_batch, NewEvent, OutboxError, OutboxSource, DEFAULT_TABLE};
 use crate::broker::Publisher;
-use crate::sql::{statement, Query, TableName};
+use crate::sql::{statement, AddedColumn, Query, TableName};
 
 /// The outbox table on one database; use it by its names [`PgOutbox`](super::PgOutbox),
 /// [`MySqlOutbox`](super::MySqlOutbox) and [`SqliteOutbox`](super::SqliteOutbox). Clones
@@ -81,16 +81,19 @@ pub struct Statements {
     pub(crate) table: TableName,
     /// The DDL, one item per statement `migrate` sends (PostgreSQL and MySQL have one).
     pub(crate) schema: Vec<String>,
-    /// Binds `id, topic, payload`, then the channel if there is one.
+    /// Binds `id, topic, payload, ordering_key`, then the channel if there is one.
     pub(crate) enqueue: SqlStr,
     /// The `NOTIFY` channel (PostgreSQL), bound last by `enqueue`.
     pub(crate) channel: Option<String>,
-    /// Returns `seq, id, topic, payload` of unsent rows in sequence order, locking them.
+    /// Returns `seq, id, topic, payload, ordering_key` of unsent rows in sequence order,
+    /// locking them.
     pub(crate) take: SqlStr,
     /// Marks rows sent; how it is completed and bound is the dialect's `mark`.
     pub(crate) mark: SqlStr,
     pub(crate) purge: SqlStr,
     pub(crate) unsent: SqlStr,
+    /// The columns added since the table's first release, for tables created before.
+    pub(crate) upgrades: Vec<AddedColumn>,
 }
 
 impl Statements {
@@ -119,6 +122,7 @@ where
     DB::Arguments: IntoArguments<DB>,
     String: sqlx::Encode<'static, DB> + sqlx::Type<DB>,
     Vec<u8>: sqlx::Encode<'static, DB> + sqlx::Type<DB>,
+    Option<String>: sqlx::Encode<'static, DB>,
 {
     /// The outbox in table `tower_outbox`.
     pub fn new(pool: Pool<DB>) -> Self {
@@ -145,7 +149,8 @@ where
         let mut query = sqlx::query(self.sql.enqueue.clone())
             .bind(&event.id)
             .bind(&event.topic)
-            .bind(&event.payload);
+            .bind(&event.payload)
+            .bind(&event.key);
         if let Some(channel) = &self.sql.channel {
             query = query.bind(channel);
         }
@@ -164,6 +169,7 @@ where
     i64: sqlx::Encode<'static, DB>,
     for<'r> String: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     for<'r> Vec<u8>: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    for<'r> Option<String>: sqlx::Decode<'r, DB>,
     for<'c> &'c str: sqlx::ColumnIndex<DB::Row>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
@@ -190,10 +196,15 @@ where
         // The rows stay locked (SQLite: the write lock stays held) across the publish, so
         // other relays skip them instead of publishing them too. A crash from here to the
         // commit leaves them unsent.
-        publisher.publish_confirmed(&messages).await?;
-        DB::mark(&self.sql.mark, seqs).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(messages.len())
+        let verdicts = publisher.publish_confirmed(&messages).await?;
+        let accepted = accepted(&seqs, &messages, &verdicts)?;
+        if !accepted.is_empty() {
+            let sent = accepted.len();
+            DB::mark(&self.sql.mark, accepted).execute(&mut *tx).await?;
+            tx.commit().await?;
+            return Ok(sent);
+        }
+        Ok(0)
     }
 
     async fn purge_sent(&self, older_than: Duration, limit: u32) -> Result<u64, OutboxError> {
@@ -211,6 +222,32 @@ where
     fn listen(&self, wake: Arc<tokio::sync::Notify>) -> Option<tokio::task::JoinHandle<()>> {
         DB::listen(&self.pool, &self.sql, wake)
     }
+}
+
+/// The sequence numbers of the rows the broker took; refused rows stay unsent. A publisher
+/// that answers for a different number of messages broke its contract: nothing is known.
+fn accepted(
+    seqs: &[i64],
+    messages: &[crate::broker::OutgoingMessage],
+    verdicts: &[crate::broker::Verdict],
+) -> Result<Vec<i64>, OutboxError> {
+    if verdicts.len() != messages.len() {
+        return Err(OutboxError::Verdicts {
+            messages: messages.len(),
+            verdicts: verdicts.len(),
+        });
+    }
+    for (message, verdict) in messages.iter().zip(verdicts) {
+        if let Err(refusal) = verdict {
+            tracing::warn!(event_id = %message.id, topic = %message.topic, "outbox: {refusal}; the row stays unsent");
+        }
+    }
+    Ok(seqs
+        .iter()
+        .zip(verdicts)
+        .filter(|(_, verdict)| verdict.is_ok())
+        .map(|(seq, _)| *seq)
+        .collect())
 }
 
 /// The `mark` of the dialects without arrays (MySQL, SQLite): `<prefix>(?, ?, ...)`, one

@@ -4,7 +4,7 @@ use sqlx::Sqlite;
 
 use super::sql_outbox::{sealed::Dialect, SqlOutbox, Statements};
 use super::OutboxError;
-use crate::sql::{self, statement, TableName};
+use crate::sql::{self, statement, AddedColumn, TableName};
 use crate::store::sqlite::NOW_MS;
 
 /// The outbox table on SQLite. Clones share the pool.
@@ -30,17 +30,20 @@ impl Dialect for Sqlite {
     topic      TEXT    NOT NULL,
     payload    BLOB    NOT NULL,
     created_at INTEGER NOT NULL,
-    sent_at    INTEGER
+    sent_at    INTEGER,
+    ordering_key TEXT
 )"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (sent_at, seq)"),
             ],
             enqueue: statement(format!(
-                "INSERT INTO {t} (id, topic, payload, created_at) VALUES (?1, ?2, ?3, {NOW_MS})"
+                "INSERT INTO {t} (id, topic, payload, ordering_key, created_at)
+                 VALUES (?1, ?2, ?3, ?4, {NOW_MS})"
             )),
             channel: None,
             take: statement(format!(
-                "SELECT seq, id, topic, payload FROM {t} WHERE sent_at IS NULL ORDER BY seq LIMIT ?1"
+                "SELECT seq, id, topic, payload, ordering_key FROM {t} WHERE sent_at IS NULL
+                 ORDER BY seq LIMIT ?1"
             )),
             // Followed by `(?, ?, ...)`, one placeholder per row.
             mark: statement(format!("UPDATE {t} SET sent_at = {NOW_MS} WHERE seq IN ")),
@@ -49,6 +52,10 @@ impl Dialect for Sqlite {
                      SELECT seq FROM {t} WHERE sent_at < {NOW_MS} - ?1 LIMIT ?2)"
             )),
             unsent: Statements::unsent(&table),
+            upgrades: vec![AddedColumn {
+                name: "ordering_key",
+                add: format!("ALTER TABLE {t} ADD COLUMN ordering_key TEXT"),
+            }],
             table,
         }
     }
@@ -58,6 +65,7 @@ impl SqliteOutbox {
     /// Creates the table and its index if they do not exist.
     pub async fn migrate(&self) -> Result<(), OutboxError> {
         sql::execute_each(&self.pool, self.schema_sql()).await?;
+        sql::add_columns(&self.pool, self.sql.table.as_str(), &self.sql.upgrades).await?;
         Ok(())
     }
 

@@ -5,8 +5,10 @@ mod column;
 mod identifier;
 mod own_tables;
 mod plumbing;
+mod wrong_server;
 
 pub use column::ColumnName;
 pub use identifier::{InvalidIdentifier, TableName};
 pub(crate) use own_tables::*;
 pub(crate) use plumbing::*;
+pub(crate) use wrong_server::*;

@@ -88,3 +88,50 @@ where
     }
     Ok(())
 }
+
+/// A column added to one of the crate's own tables after the table's first release: tables
+/// created since have it, older ones get it from `migrate`.
+pub(crate) struct AddedColumn {
+    /// The column's name, probed with `SELECT <name> FROM <table> WHERE 1 = 0`.
+    pub(crate) name: &'static str,
+    /// The statement that adds it (`ALTER TABLE .. ADD COLUMN ..`).
+    pub(crate) add: String,
+}
+
+/// Adds each of `columns` that `table` lacks. A probe first, so every start after the upgrade
+/// runs no DDL (which would take the table's exclusive lock and queue behind its writers); a
+/// concurrent `migrate` that adds the same column first makes the `ALTER` fail, which the
+/// probe after it forgives, on every database alike.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn add_columns<DB>(
+    pool: &sqlx::Pool<DB>,
+    table: &str,
+    columns: &[AddedColumn],
+) -> Result<(), sqlx::Error>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    use sqlx::Executor;
+    for column in columns {
+        let probe = format!("SELECT {} FROM {table} WHERE 1 = 0", column.name);
+        let present = |pool: &sqlx::Pool<DB>| {
+            let probe = sqlx::query(sqlx::AssertSqlSafe(probe.clone()));
+            let pool = pool.clone();
+            async move { pool.execute(probe).await.is_ok() }
+        };
+        if present(pool).await {
+            continue;
+        }
+        let added = pool
+            .execute(sqlx::query(sqlx::AssertSqlSafe(column.add.as_str())))
+            .await;
+        if let Err(error) = added {
+            if !present(pool).await {
+                return Err(error);
+            }
+        }
+    }
+    Ok(())
+}

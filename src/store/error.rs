@@ -76,6 +76,14 @@ pub enum StoreError {
     #[cfg(feature = "redis")]
     #[error(transparent)]
     InvalidPrefix(#[from] super::InvalidPrefix),
+
+    /// A Redis store was opened on a node whose `maxmemory-policy` may evict records (it is
+    /// not `noeviction`), and the store was told to refuse that (the default). It carries
+    /// the node and its policy; see
+    /// [`RedisStoreBuilder::on_evicting_policy`](super::RedisStoreBuilder::on_evicting_policy).
+    #[cfg(feature = "redis")]
+    #[error(transparent)]
+    EvictingPolicy(#[from] super::EvictingPolicy),
 }
 
 impl StoreError {

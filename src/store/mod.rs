@@ -54,6 +54,38 @@
 //! counts them).
 //! `examples/memory_per_record` measures the real memory per record.
 //!
+//! # Past one database server: failover and Galera
+//!
+//! Measured with two processes under load while the primary is killed or partitioned and
+//! the standby promoted (Patroni, HAProxy in front), and on a MariaDB Galera cluster with
+//! writes on two nodes (BENCHMARKS.md, "Database failover and Galera"):
+//!
+//! - **No double and nothing lost** takes synchronous replication: PostgreSQL with the
+//!   standby in `synchronous_standby_names` and `synchronous_commit = on` (Patroni's
+//!   `synchronous_mode`), so the primary acknowledges a commit only once the standby has it,
+//!   and only that standby is promoted. The transactional mode then has no double and loses
+//!   nothing; the separate mode keeps only its documented double (a key whose effect committed
+//!   while its record was cut off by the failover). The cost is one standby round trip per
+//!   commit: on one machine a few milliseconds, smaller than the runs' own noise there; more
+//!   across a real network.
+//! - **Asynchronous replication** can lose the last commits the old primary acknowledged. In
+//!   the transactional mode the effect and its record go together: a client may hold a `201`
+//!   whose charge is gone, and a retry runs the key again (once). In the separate mode a lost
+//!   claim or record can also let a retry run a key whose effect survived: a double.
+//! - The pools find the new primary by themselves when they connect through something that
+//!   follows it (HAProxy on Patroni's `/primary`, a DNS name): sqlx has no multi-host URL. A
+//!   connection that reached a server refusing writes (PostgreSQL `25006`, MariaDB 1290 /
+//!   1792, Galera 1047) is closed rather than lent out again, and the operation answers
+//!   "unavailable", so the next one opens a connection where the proxy points now.
+//! - The engine's store time limit bounds every call on a dead primary; the transactional
+//!   mode answers a commit cut by the failover `503 outcome-unknown`, and the retry learns it.
+//! - **MariaDB Galera** (multi-primary): two claims of one key on two nodes both succeed
+//!   locally and one fails at commit (1213, certification). `MySqlStore`'s claim retries and
+//!   finds the winner's record; the transactional mode answers the losing commit as a
+//!   duplicate (the winner's outcome, by the in-progress policy); no double. An abort that
+//!   hits one of the handler's own statements still answers the handler's error (a 500 in
+//!   the example; rare, and its retry replays).
+//!
 //! # Writing a store
 //!
 //! A backend is one implementation of `store::Store`. Its contract is above:
@@ -144,6 +176,13 @@
 //! starts a local 3-master / 3-replica cluster on 127.0.0.1:7000-7005 for the tests
 //! (`TEST_REDIS_CLUSTER_URLS`); the payments example takes `REDIS_CLUSTER_URLS` (or a `REDIS_URL`
 //! with several comma-separated nodes) and `REDIS_REPLICA_WAIT_MS`.
+//!
+//! Redis must keep every record until its own expiry: run it with `maxmemory-policy
+//! noeviction` (every record has a `PX`, so `volatile-*` and `allkeys-*` policies evict live
+//! claims and completed records, and their duplicates run again). `RedisStore::open*` asks every
+//! node and refuses an evicting one (`StoreError::EvictingPolicy`) unless told to warn
+//! (`RedisStoreBuilder::on_evicting_policy`). A restart without persistence forgets every
+//! record; what RDB and the AOF keep is in `RedisStore`'s "Memory and persistence".
 
 use std::{sync::Arc, time::Duration};
 
@@ -171,7 +210,10 @@ mod sql_builder;
 pub(crate) mod sqlite;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{InvalidPrefix, RedisStore, RedisStoreBuilder, ReplicaWaitTimedOut};
+pub use self::redis::{
+    EvictingPolicy, InvalidPrefix, OnEvictingPolicy, RedisStore, RedisStoreBuilder,
+    ReplicaWaitTimedOut,
+};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) use completions::{keep_listening, Feed, Sender as CompletionSender};
 pub use completions::{Completion, Completions};

@@ -309,6 +309,12 @@ impl MySqlStore {
         &self.pool
     }
 
+    /// A connection for one operation, closed rather than reused if the operation finds its
+    /// server read-only (a demoted primary) or, on Galera, cut from its cluster.
+    async fn connection(&self) -> Result<sql::Checked<sqlx::MySql>, StoreError> {
+        sql::Checked::acquire(&self.pool, BACKEND).await
+    }
+
     /// Whether `token` holds a live claim on `key` right now.
     async fn holds(&self, key: &StoreKey, token: Token) -> Result<bool, StoreError> {
         let row = sqlx::query(self.sql.held.clone())
@@ -526,6 +532,18 @@ fn micros(duration: Duration) -> Result<i64, StoreError> {
     Ok(sql::millis(duration)? * 1000)
 }
 
+/// Whether a statement of a transaction, or its commit, failed with InnoDB's deadlock error
+/// (1213), which Galera also gives a transaction that lost a certification conflict: the
+/// server rolled the whole transaction back.
+pub(crate) fn lost_at_commit(error: &StoreError) -> bool {
+    let StoreError::Backend { source, .. } = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .is_some_and(|error| is_lock_conflict(error, ER_LOCK_DEADLOCK))
+}
+
 fn is_lock_conflict(error: &sqlx::Error, number: u16) -> bool {
     error
         .as_database_error()
@@ -565,24 +583,29 @@ impl Store for MySqlStore {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         // Both statements on one connection: one pool checkout per claim.
-        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let mut conn = self.connection().await?;
         let claimed = self
             .claim_on(&mut conn, Wait::Queue, key, fingerprint, lease)
-            .await?;
+            .await;
+        let claimed = conn.check(claimed)?;
         claimed.ok_or_else(|| {
             StoreError::backend(BACKEND, "a claim that may wait reported a busy lock")
         })
     }
 
     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
-        let result: MySqlQueryResult = sqlx::query(self.sql.renew.clone())
-            .bind(micros(lease)?)
+        let lease = micros(lease)?;
+        let mut conn = self.connection().await?;
+        let result = sqlx::query(self.sql.renew.clone())
+            .bind(lease)
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
             .bind(&token.to_bytes()[..])
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
-            .map_err(backend)?;
+            .map_err(backend);
+        let result: MySqlQueryResult = conn.check(result)?;
+        drop(conn);
         if result.rows_affected() > 0 {
             return Ok(());
         }
@@ -603,20 +626,24 @@ impl Store for MySqlStore {
         payload: Bytes,
         retention: Duration,
     ) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let mut conn = self.connection().await?;
         let statement = self.sql.complete.clone();
-        self.complete_with(statement, &mut conn, key, token, payload, retention)
-            .await
+        let done = self
+            .complete_with(statement, &mut conn, key, token, payload, retention)
+            .await;
+        conn.check(done)
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
         let result = sqlx::query(self.sql.release.clone())
             .bind(key.scope().as_bytes())
             .bind(key.key().as_bytes())
             .bind(&token.to_bytes()[..])
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
-            .map_err(backend)?;
+            .map_err(backend);
+        let result = conn.check(result)?;
         sql::fenced(result.rows_affected())
     }
 

@@ -376,6 +376,14 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// A connection for one operation, closed rather than reused if the operation finds
+    /// its server read-only (a standby, or a primary demoted by a failover).
+    async fn connection(&self) -> Result<sql::Checked<sqlx::Postgres>, StoreError> {
+        sql::Checked::acquire(&self.pool, BACKEND).await
+    }
+}
+
 fn default_table() -> TableName {
     TableName::new(PostgresStore::DEFAULT_TABLE).expect("the default table name is valid")
 }
@@ -399,6 +407,7 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
         let lease = sql::millis(lease)?;
+        let mut conn = self.connection().await?;
         for attempt in 1..=CLAIM_ATTEMPTS {
             // A fresh token per attempt: a token must never be reused across claims.
             let token = Token::random();
@@ -408,10 +417,10 @@ impl Store for PostgresStore {
                 .bind(fingerprint.as_bytes().as_slice())
                 .bind(token.to_bytes().as_slice())
                 .bind(lease)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *conn)
                 .await
-                .map_err(backend)?;
-            let Some(row) = row else {
+                .map_err(backend);
+            let Some(row) = conn.check(row)? else {
                 tracing::trace!(key = %key.log_id(), attempt, "claim raced a concurrent change, retrying");
                 continue;
             };
@@ -430,14 +439,17 @@ impl Store for PostgresStore {
     }
 
     async fn renew(&self, key: &StoreKey, token: Token, lease: Duration) -> Result<(), StoreError> {
+        let lease = sql::millis(lease)?;
+        let mut conn = self.connection().await?;
         let done = sqlx::query(self.sql.renew.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(token.to_bytes().as_slice())
-            .bind(sql::millis(lease)?)
-            .execute(&self.pool)
+            .bind(lease)
+            .execute(&mut *conn)
             .await
-            .map_err(backend)?;
+            .map_err(backend);
+        let done = conn.check(done)?;
         sql::fenced(done.rows_affected())
     }
 
@@ -449,29 +461,34 @@ impl Store for PostgresStore {
         retention: Duration,
     ) -> Result<(), StoreError> {
         let token = token.to_bytes();
+        let retention = sql::millis(retention)?;
+        let mut conn = self.connection().await?;
         let query = sqlx::query(self.sql.complete.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(token.as_slice())
             .bind(payload.as_ref())
-            .bind(sql::millis(retention)?);
+            .bind(retention);
         let done = pg_notify::bind_payload(query, key, self.sql.channel.is_some())
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
-            .map_err(backend)?;
+            .map_err(backend);
+        let done = conn.check(done)?;
         sql::fenced(done.rows_affected())
     }
 
     async fn release(&self, key: &StoreKey, token: Token) -> Result<(), StoreError> {
         let token = token.to_bytes();
+        let mut conn = self.connection().await?;
         let query = sqlx::query(self.sql.release.clone())
             .bind(key.scope())
             .bind(key.key())
             .bind(token.as_slice());
         let done = pg_notify::bind_payload(query, key, self.sql.channel.is_some())
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
-            .map_err(backend)?;
+            .map_err(backend);
+        let done = conn.check(done)?;
         sql::fenced(done.rows_affected())
     }
 
@@ -496,11 +513,13 @@ impl Store for PostgresStore {
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        let mut conn = self.connection().await?;
         let done = sqlx::query(self.sql.purge.clone())
             .bind(i64::from(batch))
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
-            .map_err(backend)?;
+            .map_err(backend);
+        let done = conn.check(done)?;
         Ok(done.rows_affected())
     }
 

@@ -31,6 +31,15 @@
 //! A stale owner can never commit effects after someone else took its key over: nobody can
 //! take the key over while its transaction is open.
 //!
+//! Across a failover the guarantee is the database's: with synchronous replication (the
+//! promoted standby had every acknowledged commit) no key runs twice and none is lost; with
+//! asynchronous replication the last acknowledged commits can vanish with the old primary,
+//! effect and record together, so a client may hold a `201` whose effect is gone and its
+//! retry runs the key again. On MariaDB Galera a commit that loses a certification conflict
+//! (error 1213: the same key committed on another node first) is answered like
+//! [`CommitError::KeyTaken`]: the winner's outcome. See the store module's "Past one database
+//! server".
+//!
 //! What the mode cannot cover: effects outside the database (a call to a card processor, an
 //! e-mail) are not rolled back with the transaction, so an attempt that fails after making one
 //! leaves it behind and the retry makes it again. Send those through an outbox written in
@@ -99,6 +108,18 @@
 //!   back to the pool (BENCHMARKS.md shows what the claim and the record cost the database).
 //! - No lease is needed to recover from a crash (the database aborts the dead owner's
 //!   transaction); on PostgreSQL the lease bounds how long an owner's transaction may sit idle.
+//!   A handler that waits inside its transaction longer than that (an external call, a sleep)
+//!   finds its session ended (SQLSTATE `25P03`): nothing of it commits, and the answer is
+//!   `503` `not-committed` (the session ended before the `COMMIT` was read, so the outcome is
+//!   known), whatever the handler returns.
+//! - On MariaDB a deadlock (error 1213) rolls the whole transaction back, claim included. A
+//!   handler that catches it and carries on does not write in autocommit: the owner's session
+//!   runs with `autocommit` off, so its later statements land in a transaction of their own
+//!   that is never committed, and the request answers `503` `not-committed` (nothing of it
+//!   persists; the retry runs it once). Better: let the error answer 5xx.
+//! - A rollback (after an unstored answer, an error, a panic) is bounded by the engine's store
+//!   time limit like every store call: over a network gone silent, the handler's answer still
+//!   goes out once the limit passes, and the abandoned transaction ends with its connection.
 //! - A request whose key is running elsewhere cannot be compared with it before it commits, so
 //!   a reused key with a different body waits like a duplicate and then gets `422`.
 //! - Requests without a key (key optional) get a transaction too, begun when the handler first

@@ -7,14 +7,16 @@ use sqlx::{pool::PoolConnection, Database, Transaction};
 /// An open transaction of the transactional mode, on one pooled connection. It dereferences
 /// to that connection, so it is an executor for sqlx (`.execute(&mut *tx)`).
 ///
-/// On MySQL/MariaDB and SQLite it is a sqlx [`Transaction`]. On PostgreSQL the crate sends
-/// `BEGIN`, `COMMIT` and `ROLLBACK` itself, so that it can claim the key in the `BEGIN`'s round
-/// trip and store the outcome in the `COMMIT`'s (see the `postgres` dialect), which sqlx's
-/// transaction cannot do without depending on how it works inside. A consequence on
-/// PostgreSQL: sqlx does not know the connection is in a transaction, so a handler that wants
-/// a nested unit of work sends `SAVEPOINT` / `RELEASE SAVEPOINT` / `ROLLBACK TO SAVEPOINT`
-/// itself and must not call sqlx's `begin()` on it (that would send a second `BEGIN`, and its
-/// `commit()` would end the layer's transaction early).
+/// On SQLite it is a sqlx [`Transaction`]. On PostgreSQL the crate sends `BEGIN`, `COMMIT`
+/// and `ROLLBACK` itself, so that it can claim the key in the `BEGIN`'s round trip and store
+/// the outcome in the `COMMIT`'s (see the `postgres` dialect), which sqlx's transaction cannot
+/// do without depending on how it works inside. A consequence on PostgreSQL: sqlx does not
+/// know the connection is in a transaction, so a handler that wants a nested unit of work
+/// sends `SAVEPOINT` / `RELEASE SAVEPOINT` / `ROLLBACK TO SAVEPOINT` itself and must not call
+/// sqlx's `begin()` on it (that would send a second `BEGIN`, and its `commit()` would end the
+/// layer's transaction early). On MySQL/MariaDB the crate holds the connection too (its
+/// session runs with `autocommit` off while it owns a key, which must not reach the pool), but
+/// begins through sqlx's transaction manager, so there sqlx's `begin()` does make a savepoint.
 ///
 /// Dropped while still open (a cancelled request, a handler that kept the transaction), it
 /// never goes back to the pool inside the transaction: sqlx's rolls back on its next use, and

@@ -67,8 +67,9 @@ pub enum CommitError {
     /// committed record, or runs once if there is none.
     #[error("the connection broke during the commit; the idempotency transaction may or may not have committed: retry with the same key to learn its outcome")]
     OutcomeUnknown(#[source] StoreError),
-    /// Another request recorded the key first (a race the claim could not see): nothing of
-    /// this transaction persists. Treat the request as a duplicate: wait for the key's
+    /// Another request recorded the key first (a race the claim could not see, or, on a
+    /// Galera cluster, a commit that lost its certification to the same key committed on
+    /// another node): nothing of this transaction persists. Treat the request as a duplicate: wait for the key's
     /// outcome and replay it (the HTTP layer and `run_once` do).
     #[error("another request recorded this idempotency key first; nothing of this attempt persists, replay the recorded outcome")]
     KeyTaken,
@@ -182,10 +183,16 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// Rolls the transaction back: the operation's writes and the claim vanish, and the next
     /// request with the key runs again. If the operation still holds the transaction, it rolls
     /// back when the operation lets go of it.
+    ///
+    /// Bounded by the engine's store time limit, like every store call: a `ROLLBACK` that the
+    /// database does not answer in time (a network gone silent) is abandoned, and the
+    /// transaction is dropped with it, which closes (or, for a sqlx transaction, rolls back on
+    /// its next use) its connection. Nothing of it can commit either way.
     pub async fn rollback(self) {
         if let Ok(Some(tx)) = self.slot.take() {
-            if let Err(error) = self.dialect.rollback(tx).await {
-                // The connection is gone; the server rolled back on its own.
+            if let Err(error) = self.engine.bounded(self.dialect.rollback(tx)).await {
+                // The connection is gone, or silent and now dropped: the server ends the
+                // transaction with it.
                 tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");
             }
         }

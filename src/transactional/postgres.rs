@@ -212,6 +212,19 @@ impl PgDialect {
             tracing::debug!(%error, "rollback failed; the server ends the transaction with the connection");
         }
     }
+
+    /// [`abandon`](Self::abandon) after `error`; but a connection whose server refuses
+    /// writes (a standby, a primary demoted by a failover) is closed instead, so that the
+    /// pool opens a new one, which goes where the proxy points now (see
+    /// `sql::is_wrong_server`). Closing it ends the transaction too.
+    async fn abandon_after(&self, tx: OpenTx<Postgres>, error: &sqlx::Error) {
+        if sql::is_wrong_server(error) {
+            sql::log_closing(error);
+            drop(tx);
+        } else {
+            self.abandon(tx).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -297,7 +310,7 @@ impl TxDialect<Postgres> for PgDialect {
             }
             Ok(_) => self.abandon(tx).await,
             Err(error) => {
-                self.abandon(tx).await;
+                self.abandon_after(tx, &error).await;
                 return Err(backend(error));
             }
         }
@@ -366,7 +379,7 @@ impl TxDialect<Postgres> for PgDialect {
                 Ok(TxCommit::KeyTaken)
             }
             Err(error) => {
-                self.abandon(tx).await;
+                self.abandon_after(tx, &error).await;
                 Err(commit_failed(error))
             }
         }

@@ -5,7 +5,8 @@
 //! connection that broke once the `COMMIT` was on its way (an I/O or protocol error, a pool
 //! closed under it, the server ending the session with a FATAL error) says nothing about
 //! whether the server committed before it went: the outcome is unknown, and only the next
-//! request with the key can learn it.
+//! request with the key can learn it. One FATAL error does say: PostgreSQL ends a session for
+//! idling in its transaction only before it read the `COMMIT`, so nothing committed.
 
 use sqlx::error::DatabaseError;
 
@@ -31,11 +32,18 @@ pub(super) fn commit_failed(backend: &'static str, error: sqlx::Error) -> StoreE
 
 /// Whether the server reported an error that ends the session rather than the statement
 /// (`pg_terminate_backend`, a shutdown, MariaDB's `KILL`): it may come after the commit.
+///
+/// Except PostgreSQL's `idle_in_transaction_session_timeout`: the server ends a session for
+/// it only while the session sits idle in its transaction, i.e. before it has read the
+/// `COMMIT` (or anything after it), so that transaction certainly did not commit.
 fn ends_session(error: &dyn DatabaseError) -> bool {
     #[cfg(feature = "postgres")]
     if let Some(pg) = error.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
         use sqlx::postgres::PgSeverity;
-        return matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic);
+        /// SQLSTATE `idle_in_transaction_session_timeout`.
+        const ENDED_WHILE_IDLE: &str = "25P03";
+        return matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic)
+            && pg.code() != ENDED_WHILE_IDLE;
     }
     #[cfg(feature = "mysql")]
     if let Some(mysql) = error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {

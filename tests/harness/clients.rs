@@ -44,6 +44,9 @@ pub struct Answer {
 pub struct CopyLog {
     pub answer: Option<Answer>,
     pub outcome_unknown: usize,
+    /// The status of every reply on the way, in order (a transport error or a hung attempt
+    /// is not one).
+    pub seen: Vec<u16>,
 }
 
 /// Both copies of a key, and when the key was in flight.
@@ -117,6 +120,7 @@ impl Clients {
         let mut log = CopyLog {
             answer: None,
             outcome_unknown: 0,
+            seen: Vec::new(),
         };
         while Instant::now() < deadline {
             let step = match fleet.http(target) {
@@ -128,6 +132,7 @@ impl Clients {
                     match tokio::time::timeout(self.attempt, http.try_charge(charge)).await {
                         Ok(Ok(reply)) => {
                             log.outcome_unknown += usize::from(is_outcome_unknown(&reply));
+                            log.seen.push(reply.status.as_u16());
                             step(reply)
                         }
                         Ok(Err(_)) | Err(_) => Step::Again {

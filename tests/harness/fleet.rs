@@ -10,11 +10,12 @@ use crate::process::{Http, Launch, Server};
 
 /// The processes of a run, by slot; a slot is empty while its process is being restarted.
 pub struct Fleet {
-    launch: Launch,
     slots: Vec<Slot>,
 }
 
 struct Slot {
+    /// How this slot's process is started (again, after a kill).
+    launch: Launch,
     /// Held for the whole of a fault on this process, so two never overlap.
     server: tokio::sync::Mutex<Option<Server>>,
     /// The address clients use; `None` while the process is dead.
@@ -22,17 +23,18 @@ struct Slot {
 }
 
 impl Fleet {
-    /// Starts `size` processes from `launch`, one after the other.
-    pub async fn start(launch: Launch, size: usize) -> Self {
-        let mut slots = Vec::with_capacity(size);
-        for _ in 0..size {
+    /// Starts one process per launch, one after the other.
+    pub async fn start(launches: Vec<Launch>) -> Self {
+        let mut slots = Vec::with_capacity(launches.len());
+        for launch in launches {
             let server = launch.clone().start().await;
             slots.push(Slot {
+                launch,
                 http: Mutex::new(Some(server.http())),
                 server: tokio::sync::Mutex::new(Some(server)),
             });
         }
-        Self { launch, slots }
+        Self { slots }
     }
 
     pub fn size(&self) -> usize {
@@ -67,7 +69,7 @@ impl Fleet {
         if let Some(old) = server.take() {
             old.kill_9().await;
         }
-        let fresh = self.launch.clone().start().await;
+        let fresh = slot.launch.clone().start().await;
         *slot.http.lock().unwrap_or_else(PoisonError::into_inner) = Some(fresh.http());
         *server = Some(fresh);
     }

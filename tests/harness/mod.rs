@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures_util::{stream, StreamExt};
+use futures_util::{future::BoxFuture, stream, StreamExt};
 
 use crate::process::{shared::Shared, Launch};
 use checker::Report;
@@ -87,9 +87,46 @@ impl History {
     }
 }
 
+/// A source of faults other than the process nemesis (a database failover, say): given the
+/// fleet and the stop flag, a task that injects faults until the flag is set, heals the last
+/// one and returns what it did.
+pub type Faults =
+    Box<dyn FnOnce(Arc<Fleet>, Arc<AtomicBool>) -> BoxFuture<'static, Vec<Injected>> + Send>;
+
 /// Runs `plan` on `shared`: the processes, the clients and the nemesis; then, with the
 /// nemesis stopped, a fresh copy of every key.
 pub async fn run(shared: &Shared, plan: &Plan) -> History {
+    let sessions = sessions::Sessions::of(shared);
+    let (transactional, lease) = (!plan.separate, plan.lease);
+    run_with(
+        shared,
+        plan,
+        Box::new(move |fleet, stop| {
+            let nemesis = Nemesis {
+                fleet,
+                kinds: Nemesis::kinds(&sessions, transactional),
+                sessions,
+                lease,
+            };
+            Box::pin(nemesis.run(stop))
+        }),
+    )
+    .await
+}
+
+/// Like [`run`], with `faults` in place of the process nemesis.
+pub async fn run_with(shared: &Shared, plan: &Plan, faults: Faults) -> History {
+    run_on(shared, &[Vec::new(), Vec::new()], plan, faults).await
+}
+
+/// Like [`run_with`], with one process per entry of `own_env`, each started with those
+/// variables on top of `shared`'s (another `DATABASE_URL`: a node of a cluster, say).
+pub async fn run_on(
+    shared: &Shared,
+    own_env: &[Vec<(String, String)>],
+    plan: &Plan,
+    faults: Faults,
+) -> History {
     let launch = Launch::new()
         .envs(&shared.env())
         .env("IDEMPOTENCY_MODE", plan.mode())
@@ -99,17 +136,11 @@ pub async fn run(shared: &Shared, plan: &Plan) -> History {
         .env("PAYMENTS_HANDLER_DELAY_MS", 20)
         .env("PAYMENTS_DELAY_AFTER_CHARGE_MS", 100);
     let begun = Instant::now();
-    let fleet = Arc::new(Fleet::start(launch, 2).await);
+    let launches = own_env.iter().map(|env| launch.clone().envs(env)).collect();
+    let fleet = Arc::new(Fleet::start(launches).await);
     let started = begun.elapsed();
-    let sessions = sessions::Sessions::of(shared);
-    let nemesis = Nemesis {
-        fleet: fleet.clone(),
-        kinds: Nemesis::kinds(&sessions, !plan.separate),
-        sessions,
-        lease: plan.lease,
-    };
     let stop = Arc::new(AtomicBool::new(false));
-    let faults = tokio::spawn(nemesis.run(stop.clone()));
+    let faults = tokio::spawn(faults(fleet.clone(), stop.clone()));
     let clients = Clients {
         workers: plan.workers,
         patience: Duration::from_secs(60),

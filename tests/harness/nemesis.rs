@@ -31,6 +31,10 @@ pub enum Fault {
     Pause,
     ConnKill,
     CommitKill,
+    /// The database's primary SIGKILLed; its standby promoted (tests/pg_failover.rs).
+    PrimaryKill,
+    /// The database's primary cut from its standby and the clients; its standby promoted.
+    PrimaryPartition,
 }
 
 impl fmt::Display for Fault {
@@ -40,6 +44,8 @@ impl fmt::Display for Fault {
             Self::Pause => "pause",
             Self::ConnKill => "conn-kill",
             Self::CommitKill => "commit-kill",
+            Self::PrimaryKill => "primary-kill",
+            Self::PrimaryPartition => "primary-partition",
         })
     }
 }
@@ -127,6 +133,9 @@ impl Nemesis {
                 0
             }
             Fault::ConnKill => self.sessions.kill(&self.fleet.pids().await, false).await,
+            Fault::PrimaryKill | Fault::PrimaryPartition => {
+                unreachable!("database faults come from their own source (harness::run_with)")
+            }
             Fault::CommitKill => {
                 let deadline = Instant::now() + Duration::from_millis(500);
                 loop {

@@ -53,6 +53,12 @@ impl Shared {
     pub async fn postgres() -> Option<Self> {
         let base = url_or_skip("TEST_POSTGRES_URL")?;
         let admin = reachable("TEST_POSTGRES_URL", PgPool::connect(&base).await)?;
+        Some(Self::postgres_on(admin, &base).await)
+    }
+
+    /// A fresh schema in the database at `base` (a server the test started itself), with
+    /// `admin` a pool on it.
+    pub async fn postgres_on(admin: PgPool, base: &str) -> Self {
         let schema = format!("payments_process_{}", unique());
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
             .execute(&admin)
@@ -60,24 +66,30 @@ impl Shared {
             .expect("create schema");
         let separator = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{separator}options=-csearch_path%3D{schema}");
-        Some(Self::Postgres { admin, schema, url })
+        Self::Postgres { admin, schema, url }
     }
 
     /// A fresh database on `TEST_MYSQL_URL`'s server.
     pub async fn mysql() -> Option<Self> {
         let base = url_or_skip("TEST_MYSQL_URL")?;
         let admin = reachable("TEST_MYSQL_URL", MySqlPool::connect(&base).await)?;
+        Some(Self::mysql_on(admin, &base).await)
+    }
+
+    /// A fresh database on the server at `base` (a server the test started itself), with
+    /// `admin` a pool on it.
+    pub async fn mysql_on(admin: MySqlPool, base: &str) -> Self {
         let database = format!("payments_process_{}", unique());
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
             .execute(&admin)
             .await
             .expect("create database");
-        let url = with_database(&base, &database);
-        Some(Self::MySql {
+        let url = with_database(base, &database);
+        Self::MySql {
             admin,
             database,
             url,
-        })
+        }
     }
 
     /// A fresh SQLite file (SQLite needs no server, so this never skips).
@@ -209,6 +221,15 @@ impl Shared {
                 let _ = std::fs::remove_dir_all(dir);
             }
         }
+    }
+}
+
+/// `url` (a MySQL URL) with its database replaced by `database`'s name in `shared`: the same
+/// database on another server of a cluster.
+pub fn on_database(url: &str, shared: &Shared) -> String {
+    match shared {
+        Shared::MySql { database, .. } => with_database(url, database),
+        _ => url.to_owned(),
     }
 }
 

@@ -10,6 +10,7 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
+    cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo},
     Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
@@ -27,6 +28,43 @@ impl Connection {
     pub(super) fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))
     }
+
+    /// `command`'s answer from every node, each with the node's address: the one server
+    /// (`None`), or every node of the cluster, replicas included (a replica promoted later
+    /// serves with its own settings). An error reply is that node's `Err`; failing to reach a
+    /// cluster at all is the outer `Err` (the one server's is its own answer's).
+    pub(super) async fn ask_every_node(
+        &self,
+        command: &Cmd,
+    ) -> RedisResult<Vec<(Option<String>, RedisResult<Value>)>> {
+        match self {
+            Self::Single(connection) => Ok(vec![(
+                None,
+                command.query_async(&mut connection.clone()).await,
+            )]),
+            Self::Cluster(cluster) => {
+                let (mut connection, _) = cluster.current();
+                let every_node = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+                // Without a response policy the answer maps each node's address to its reply.
+                let Value::Map(answers) = connection
+                    .route_command(command.clone(), every_node)
+                    .await?
+                else {
+                    return Err(RedisError::from((
+                        ErrorKind::UnexpectedReturnType,
+                        "a command sent to every cluster node did not answer per node",
+                    )));
+                };
+                Ok(answers
+                    .into_iter()
+                    .map(|(node, answer)| {
+                        let node = redis::from_redis_value::<String>(node).ok();
+                        (node, answer.extract_error())
+                    })
+                    .collect())
+            }
+        }
+    }
 }
 
 /// The shortest time between two slot-map rebuilds: while a dead master's replica is not yet
@@ -38,6 +76,13 @@ const REBUILD_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 /// A healthy cluster answers in milliseconds; a replica wait longer than this makes the
 /// occasional abandoned claim cost a spare rebuild, nothing worse.
 const ABANDONED_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a rebuild may take before it is given up. With the store's own client settings
+/// (2 s to connect, 5 s per command) a rebuild that has not finished by then met a node that
+/// accepted the connection and went silent; a client built without a response timeout (the
+/// redis-rs default) would wait for it forever, and the rebuild in flight keeps every later
+/// one out. Given up, the next failure rebuilds again.
+const REBUILD_GIVES_UP_AFTER: Duration = Duration::from_secs(5);
 
 /// A cluster connection that rebuilds itself after a failure.
 ///
@@ -67,6 +112,7 @@ struct Current {
     /// When the last rebuild started, to space them out.
     rebuilt_at: Option<Instant>,
     /// One rebuild at a time: against an unreachable host each may take the connect timeout.
+    /// Cleared when the rebuild ends or is given up ([`REBUILD_GIVES_UP_AFTER`]).
     rebuilding: bool,
 }
 
@@ -121,11 +167,15 @@ impl Cluster {
         }
         let cluster = self.clone();
         runtime.spawn(async move {
-            let rebuilt = cluster.client.get_async_connection().await;
+            let rebuilt = tokio::time::timeout(
+                REBUILD_GIVES_UP_AFTER,
+                cluster.client.get_async_connection(),
+            )
+            .await;
             let mut current = cluster.lock();
             current.rebuilding = false;
-            // A failed rebuild changes nothing: the next failure tries again.
-            if let Ok(connection) = rebuilt {
+            // A failed or given-up rebuild changes nothing: the next failure tries again.
+            if let Ok(Ok(connection)) = rebuilt {
                 if current.generation == generation {
                     current.connection = connection;
                     current.generation += 1;

@@ -3,6 +3,7 @@
 
 mod codec;
 mod connection;
+mod eviction;
 mod notify;
 mod prefix;
 mod replica_wait;
@@ -25,7 +26,11 @@ use self::{
     replica_wait::ReplicaWait,
     scripts::{COMPLETE, RELEASE, RENEW},
 };
-pub use self::{prefix::InvalidPrefix, replica_wait::ReplicaWaitTimedOut};
+pub use self::{
+    eviction::{EvictingPolicy, OnEvictingPolicy},
+    prefix::InvalidPrefix,
+    replica_wait::ReplicaWaitTimedOut,
+};
 use super::{Completions, Store, StoreError};
 use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 
@@ -57,7 +62,9 @@ const BACKEND: &str = "redis";
 /// - **Claim** is the single command `SET key value NX PX <lease> GET`: it writes the claim
 ///   only when the key is absent and returns what was there otherwise, in one step. Combining
 ///   `NX` with `GET` needs **Redis 7.0 or newer** (older servers reject the command with a
-///   syntax error, which surfaces as [`StoreError::Backend`]).
+///   syntax error, which surfaces as [`StoreError::Backend`]). The value carries the claim's
+///   random token, so a claim resent after its reply was lost (the cluster client does that)
+///   recognises itself in what it finds and holds the key.
 /// - **Expiry** is the server's: a claim carries `PX = lease`, a completed record
 ///   `PX = retention`. Redis never returns an expired key, so an expired claim or record is
 ///   simply absent and the next `SET .. NX` wins it. No application clock is involved.
@@ -109,12 +116,39 @@ const BACKEND: &str = "redis";
 /// The wait covers the claim, not the completed outcome: an outcome lost with its master
 /// leaves the replicated claim behind, so duplicates are told "in progress" until the lease
 /// runs out, and the operation may run again after that.
+///
+/// # Memory and persistence
+///
+/// A key runs once only while Redis remembers its claim or record; whatever makes Redis
+/// forget one early lets a duplicate run the operation again, with no error anywhere.
+///
+/// - **Eviction.** Every record carries an expiry, so with a `maxmemory` limit every
+///   `volatile-*` policy picks its victims among our records, and every `allkeys-*` policy
+///   may too. Run the nodes with `maxmemory-policy noeviction`: when memory is full Redis
+///   then refuses new claims (the layer answers 503) instead of dropping old ones. The
+///   `open*` constructors ask every node for its policy and refuse an evicting one with
+///   [`StoreError::EvictingPolicy`], or only log it with
+///   [`on_evicting_policy`](RedisStoreBuilder::on_evicting_policy); a node that does not let
+///   them read it (`CONFIG` renamed or forbidden, as on managed services) is logged as
+///   unverified: check the policy in the provider's settings. Without a `maxmemory` limit
+///   nothing is evicted, but one set later at runtime arms whatever policy is configured,
+///   hence the check looks at the policy alone. Size the memory for the records of one
+///   retention: a completed record holds the stored response.
+/// - **Restarts.** A node restarted without persistence comes back empty: every claim and
+///   completed record is forgotten. With RDB snapshots it comes back as of the last
+///   snapshot (minutes of records lost); with the AOF and `appendfsync everysec` (Redis's
+///   default for the AOF) about the last second is lost; `appendfsync always` loses nothing
+///   a client was answered for, at the cost of an fsync per write. Pick the AOF where a
+///   restart must not repeat operations, or accept that a restart reopens the keys of its
+///   retention window. A replica promoted by a failover is the other way to lose records
+///   (see the table above).
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
     prefix: Arc<str>,
     replica_wait: Option<ReplicaWait>,
     notifier: Option<Notifier>,
+    on_evicting: OnEvictingPolicy,
 }
 
 /// Builds a [`RedisStore`] with a key prefix other than the default `"tower-idempotency:"`
@@ -139,6 +173,7 @@ pub struct RedisStoreBuilder {
     prefix: String,
     replica_wait: Option<ReplicaWait>,
     notify_with: Option<redis::Client>,
+    on_evicting: OnEvictingPolicy,
 }
 
 impl RedisStoreBuilder {
@@ -186,6 +221,27 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// What [`open`](Self::open) and [`open_cluster`](Self::open_cluster) do when a Redis
+    /// node's `maxmemory-policy` is not `noeviction`: refuse with
+    /// [`StoreError::EvictingPolicy`] (the default), or open with a warning in the log.
+    ///
+    /// Every record carries an expiry, so `volatile-*` policies may evict live claims and
+    /// completed records under memory pressure, and `allkeys-*` ones too; a duplicate of an
+    /// evicted key runs the operation again. A node that does not let the store read its
+    /// policy (`CONFIG` renamed or forbidden, as on most managed services) is logged as
+    /// unverified and never refused: check its policy in the provider's settings. See
+    /// [`RedisStore`]'s "Memory and persistence".
+    ///
+    /// ```
+    /// use tower_idempotency::store::{OnEvictingPolicy, RedisStore};
+    /// let builder = RedisStore::builder().on_evicting_policy(OnEvictingPolicy::Warn);
+    /// # let _ = builder;
+    /// ```
+    pub fn on_evicting_policy(mut self, on_evicting: OnEvictingPolicy) -> Self {
+        self.on_evicting = on_evicting;
+        self
+    }
+
     /// Builds the store over a connection manager you configured yourself. Start from
     /// [`RedisStore::connection_config`]: redis-rs's own defaults retry a failed reconnect for
     /// minutes while requests wait.
@@ -199,7 +255,7 @@ impl RedisStoreBuilder {
     /// let config = RedisStore::connection_config().set_response_timeout(Some(Duration::from_secs(1)));
     /// let manager = ConnectionManager::new_with_config(client, config).await?;
     /// let store = RedisStore::builder().prefix("app:").build(manager)?;
-    /// # let _ = store;
+    /// store.check_eviction_policy().await?; // `build` cannot: it does not wait on Redis
     /// # Ok(())
     /// # }
     /// ```
@@ -233,6 +289,7 @@ impl RedisStoreBuilder {
             prefix,
             replica_wait: self.replica_wait,
             notifier,
+            on_evicting: self.on_evicting,
         })
     }
 
@@ -245,9 +302,11 @@ impl RedisStoreBuilder {
 
     /// Connects to `url` with [`RedisStore::connection_config`] and builds the store.
     ///
-    /// Fails with [`StoreError::InvalidPrefix`] when the prefix is invalid (before connecting), and
+    /// Fails with [`StoreError::InvalidPrefix`] when the prefix is invalid (before connecting),
     /// with [`StoreError::Backend`] (the [`RedisError`] as its source) when the URL is
-    /// invalid or the server cannot be reached now; once connected, later outages are
+    /// invalid or the server cannot be reached now, and with [`StoreError::EvictingPolicy`]
+    /// when the server may evict records (see
+    /// [`on_evicting_policy`](Self::on_evicting_policy)); once connected, later outages are
     /// reported per operation and healed by reconnecting.
     pub async fn open(self, url: &str) -> Result<RedisStore, StoreError> {
         self.check_prefix()?;
@@ -257,9 +316,9 @@ impl RedisStoreBuilder {
                 .await
                 .map_err(backend)?;
         let notify_with = self.notify_with.clone().unwrap_or(client);
-        self.notify_with(notify_with)
-            .build(connection)
-            .map_err(StoreError::from)
+        let store = self.notify_with(notify_with).build(connection)?;
+        store.check_eviction_policy().await?;
+        Ok(store)
     }
 
     /// Connects to the Redis Cluster that `nodes` belong to (one reachable node is enough;
@@ -291,7 +350,8 @@ impl RedisStoreBuilder {
     /// connection with the current slot map after a node was lost (see [`RedisStore`]).
     ///
     /// Fails with [`StoreError::Backend`] (the [`RedisError`] as its source) when no node
-    /// answers with the cluster's slot map now.
+    /// answers with the cluster's slot map now, and with [`StoreError::EvictingPolicy`] when a
+    /// node may evict records (see [`on_evicting_policy`](Self::on_evicting_policy)).
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -308,8 +368,9 @@ impl RedisStoreBuilder {
     pub async fn open_cluster_with(self, client: ClusterClient) -> Result<RedisStore, StoreError> {
         self.check_prefix()?;
         let cluster = Cluster::connect(client).await.map_err(backend)?;
-        self.with(Connection::Cluster(Arc::new(cluster)))
-            .map_err(StoreError::from)
+        let store = self.with(Connection::Cluster(Arc::new(cluster)))?;
+        store.check_eviction_policy().await?;
+        Ok(store)
     }
 }
 
@@ -319,6 +380,7 @@ impl Default for RedisStoreBuilder {
             prefix: RedisStore::DEFAULT_PREFIX.into(),
             replica_wait: None,
             notify_with: None,
+            on_evicting: OnEvictingPolicy::default(),
         }
     }
 }
@@ -427,8 +489,11 @@ impl RedisStore {
     /// Retries let a command ride out a redirect or a short failover (the client refreshes
     /// its slot map and tries the new master); redis-rs's defaults (16 retries, up to minutes
     /// apart) would hold a request far longer than any client waits. Retrying is safe for
-    /// every operation of this store: a repeated claim finds its own record and reports it as
-    /// in progress, and the fenced scripts act at most once.
+    /// every operation of this store. The client also resends a command whose connection
+    /// dropped before its reply came, although Redis may have applied it: a resent claim that
+    /// finds its own value (its token) under the key knows it is that claim and holds the key,
+    /// rather than waiting on itself; the fenced scripts act at most once, and a completion
+    /// whose answer was lost is looked up by the engine before it is reported as failed.
     ///
     /// ```
     /// use std::time::Duration;
@@ -473,6 +538,27 @@ impl RedisStore {
     /// ```
     pub fn is_cluster(&self) -> bool {
         self.connection.is_cluster()
+    }
+
+    /// Asks every node for its `maxmemory-policy` and refuses (or warns about) one that may
+    /// evict records, as [`RedisStoreBuilder::on_evicting_policy`] says. The `open*`
+    /// constructors run it; a store from [`RedisStoreBuilder::build`] or [`RedisStore::new`]
+    /// has not, as those do not wait on Redis. A node that cannot be asked (`CONFIG` renamed
+    /// or forbidden) is logged as unverified, never refused.
+    ///
+    /// Fails with [`StoreError::EvictingPolicy`] for an evicting node under the default
+    /// [`OnEvictingPolicy::Refuse`], and with [`StoreError::Backend`] when Redis cannot be
+    /// reached.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::RedisStore;
+    /// # async fn run(store: RedisStore) -> Result<(), tower_idempotency::store::StoreError> {
+    /// store.check_eviction_policy().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn check_eviction_policy(&self) -> Result<(), StoreError> {
+        eviction::check(&self.connection, self.on_evicting).await
     }
 
     /// The Redis key the record for `key` lives under: the prefix and 64 hex digits of
@@ -571,6 +657,7 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &self.prefix)
             .field("cluster", &self.is_cluster())
             .field("replica_wait", &self.replica_wait)
+            .field("on_evicting", &self.on_evicting)
             .finish_non_exhaustive()
     }
 }
@@ -588,7 +675,9 @@ impl Store for RedisStore {
         let (previous, acknowledged) = self
             .set_claim(&redis_key, claim_value(token, fingerprint), lease)
             .await?;
-        if let Some(value) = previous {
+        // A value that starts with this claim's own fence is this claim: the command was
+        // applied once already and only its reply was lost, and the cluster client resent it.
+        if let Some(value) = previous.filter(|value| !value.starts_with(&fence(token))) {
             return decode(value).map(ClaimOutcome::Existing);
         }
         if let (Some(wait), Some(acknowledged)) = (self.replica_wait, acknowledged) {
