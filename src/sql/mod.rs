@@ -5,10 +5,13 @@ mod column;
 mod identifier;
 mod own_tables;
 mod plumbing;
+// SQLite has one writer and no standby: only the client-server databases fail over.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod wrong_server;
 
 pub use column::ColumnName;
 pub use identifier::{InvalidIdentifier, TableName};
 pub(crate) use own_tables::*;
 pub(crate) use plumbing::*;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) use wrong_server::*;
