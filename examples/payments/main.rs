@@ -81,6 +81,7 @@ mod payments;
 #[path = "../pipeline/mod.rs"]
 mod pipeline;
 mod problem;
+mod processor;
 mod sql_payments;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -101,6 +102,8 @@ pub struct App {
     config: Arc<Config>,
     /// Create calls so far in this process (for `PAYMENTS_FAIL_FIRST`).
     create_calls: Arc<std::sync::atomic::AtomicU64>,
+    /// `PROCESSOR_URL`: payments are charged downstream, in steps (`processor.rs`).
+    processor: Option<Arc<processor::Processor>>,
 }
 
 #[tokio::main]
@@ -139,7 +142,9 @@ async fn run() -> Result<(), backends::Error> {
     // Kept to wait for detached handlers at shutdown.
     let engine = idempotency.engine().clone();
 
+    let processor = processor::Processor::configured(backends.database.as_ref()).await?;
     let app = App {
+        processor,
         payments: backends.payments,
         config: Arc::new(config.clone()),
         create_calls: Arc::default(),
