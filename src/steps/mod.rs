@@ -85,6 +85,8 @@
 mod error;
 mod handle;
 mod journal;
+#[cfg(feature = "memory")]
+mod memory;
 mod owner;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -97,6 +99,8 @@ mod sqlite;
 pub use error::StepError;
 pub use handle::Steps;
 pub use journal::Journal;
+#[cfg(feature = "memory")]
+pub use memory::MemoryJournal;
 pub use owner::KeyOwner;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresJournal;
