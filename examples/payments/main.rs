@@ -49,6 +49,10 @@
 //! | `LOG_FORMAT` | `json`: one JSON object a log line (for log shippers); otherwise text, coloured only on a terminal without `NO_COLOR` | text |
 //! | `AMQP_URL` / `NATS_URL` | a broker for `payment.created` events (below) | unset |
 //! | `OUTBOX_RELAY` | `0`: write outbox events but relay them from another process | `1` |
+//! | `PROCESSOR_URL` | charge through a card processor (`cargo run --example processor`) in steps with recovery points (`processor.rs`; separate mode, PostgreSQL or SQLite) | unset |
+//! | `PAYMENTS_STEPS` | `off`: call the processor without steps, a fresh key per attempt (the baseline that charges twice after a crash) | on |
+//! | `PAYMENTS_PAUSE_AT` | stop a request for good at a step boundary: `before-charge`, `after-charge`, `after-journal`, `after-local` (crash tests) | unset |
+//! | `PAYMENTS_DELAY_BETWEEN_STEPS_MS` | sleep at every step boundary | 0 |
 //!
 //! A bad value stops the process at start with a message naming the variable (`config.rs`).
 //!

@@ -41,7 +41,8 @@
 //!             .map_err(|e: StepError<std::io::Error>| e.to_string())?;
 //!         Ok::<_, String>(Bytes::from(format!("{id} {charge}")))
 //!     })
-//!     .await?;
+//!     .await
+//!     .map_err(|e| e.to_string())?;
 //! # let _ = outcome; Ok(()) }
 //! ```
 //!
