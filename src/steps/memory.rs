@@ -20,7 +20,7 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct MemoryJournal {
     store: MemoryStore,
-    entries: Arc<Mutex<HashMap<(StoreKey, String), Entry>>>,
+    entries: Arc<Mutex<HashMap<StoreKey, HashMap<String, Entry>>>>,
 }
 
 #[derive(Debug)]
@@ -40,7 +40,9 @@ impl MemoryJournal {
         }
     }
 
-    fn entries_map(&self) -> crate::sync::MutexGuard<'_, HashMap<(StoreKey, String), Entry>> {
+    fn entries_map(
+        &self,
+    ) -> crate::sync::MutexGuard<'_, HashMap<StoreKey, HashMap<String, Entry>>> {
         self.entries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -59,12 +61,13 @@ impl Journal for MemoryJournal {
         fingerprint: &Fingerprint,
     ) -> Result<Vec<(String, Bytes)>, StoreError> {
         let now = self.store.clock();
-        Ok(self
-            .entries_map()
-            .iter()
-            .filter(|((k, _), e)| k == key && e.fingerprint == *fingerprint && e.expires_at > now)
-            .map(|((_, step), e)| (step.clone(), e.output.clone()))
-            .collect())
+        Ok(self.entries_map().get(key).map_or_else(Vec::new, |steps| {
+            steps
+                .iter()
+                .filter(|(_, e)| e.fingerprint == *fingerprint && e.expires_at > now)
+                .map(|(step, e)| (step.clone(), e.output.clone()))
+                .collect()
+        }))
     }
 
     async fn append(&self, owner: &KeyOwner, step: &str, output: Bytes) -> Result<(), StoreError> {
@@ -75,23 +78,24 @@ impl Journal for MemoryJournal {
                 expires_at: now.saturating_add(millis(owner.retention)),
             };
             self.entries_map()
-                .insert((owner.key.clone(), step.to_owned()), entry);
+                .entry(owner.key.clone())
+                .or_default()
+                .insert(step.to_owned(), entry);
         })
     }
 
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
         let now = self.store.clock();
-        let mut entries = self.entries_map();
-        let expired: Vec<_> = entries
-            .iter()
-            .filter(|(_, e)| e.expires_at <= now)
-            .map(|(k, _)| k.clone())
-            .take(batch as usize)
-            .collect();
-        for key in &expired {
-            entries.remove(key);
-        }
-        Ok(expired.len() as u64)
+        let mut purged = 0;
+        self.entries_map().retain(|_, steps| {
+            steps.retain(|_, e| {
+                let keep = e.expires_at > now || purged == u64::from(batch);
+                purged += u64::from(!keep);
+                keep
+            });
+            !steps.is_empty()
+        });
+        Ok(purged)
     }
 }
 
