@@ -24,7 +24,8 @@ use std::{
 
 use async_trait::async_trait;
 use outbox_parking::{
-    a_refused_row_is_parked_and_holds_back_nothing, three_refusals, POISON_TOPIC,
+    a_refused_row_is_parked_and_holds_back_nothing, an_upgraded_table_parks_and_sends, one_refusal,
+    three_refusals, POISON_TOPIC,
 };
 use pipeline::{each_broker, race_relays, tally, with_broker, TestBroker, WriteReceipt};
 use process::unique;
@@ -583,6 +584,33 @@ async fn sent_rows_stay_bounded_while_every_batch_is_full() {
             most_sent * 3 < took,
             "sent rows grew to {most_sent} of {took} sent: the purge did not run under load"
         );
+    })
+    .await;
+}
+
+// mutant: `migrate` without the added columns (PostgreSQL `upgrades` keeps `ordering_key`
+// only) -> fails with `column "attempts" does not exist`.
+#[tokio::test]
+async fn migrate_upgrades_a_table_of_the_previous_release() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, broker| async move {
+        let table = format!("outbox_v1_{}", unique());
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE {table} (seq BIGSERIAL PRIMARY KEY, id TEXT COLLATE \"C\" NOT NULL UNIQUE,
+                 topic TEXT NOT NULL, payload BYTEA NOT NULL,
+                 created_at TIMESTAMPTZ NOT NULL DEFAULT now(), sent_at TIMESTAMPTZ,
+                 ordering_key TEXT)"
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let outbox = PgOutbox::with_table(db.pool.clone(), &table)
+            .unwrap()
+            .refusals(one_refusal());
+        outbox.migrate().await.unwrap();
+        an_upgraded_table_parks_and_sends(&(db.pool.clone(), outbox), &broker).await;
     })
     .await;
 }
