@@ -23,8 +23,8 @@ bench_outbox_purge() {
 ## Outbox: sent rows under sustained load
 
 A PostgreSQL outbox whose relay never finds an empty batch: a producer tops the backlog up
-by 50 rows per transaction whenever fewer than 300 wait, the relay takes batches of 10 and publishes them to RabbitMQ
-with confirms, 20 ms slower than the broker alone; \`sent_retention\` 0, \`purge_every\`
+by 50 rows per transaction whenever fewer than 300 wait, the relay takes batches of 10 and
+publishes them to RabbitMQ with confirms, 20 ms slower than the broker alone; \`sent_retention\` 0, \`purge_every\`
 200 ms. Table sampled every 50 ms (\`tests/outbox_relay.rs\`,
 \`sent_rows_stay_bounded_while_every_batch_is_full\`, OUTBOX_LOAD_SECS=$secs).
 
