@@ -115,6 +115,10 @@ use crate::BoxError;
 #[cfg(feature = "amqp")]
 pub mod amqp;
 mod backoff;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+#[cfg(feature = "kafka")]
+mod kafka_offsets;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "sqs")]
