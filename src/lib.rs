@@ -22,6 +22,7 @@ pub mod problem;
 pub mod record;
 #[cfg(feature = "sqlx")]
 pub mod sql;
+pub mod steps;
 pub mod store;
 mod sync;
 #[cfg(feature = "sqlx")]

@@ -1,14 +1,17 @@
 //! The outbox and the inbox on MySQL / MariaDB (a fresh database per test): committed rows
 //! are published once and rolled-back ones never, racing relays (`SKIP LOCKED`) lose and
-//! repeat nothing, and the inbox keeps overlapping copies to one effect.
+//! repeat nothing, a refused row is parked without holding back the rest, and the inbox keeps
+//! overlapping copies to one effect.
 //!
 //! Needs TEST_MYSQL_URL and TEST_AMQP_URL (`scripts/test` sets them).
 
+mod outbox_parking;
 mod pipeline;
 mod process;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
+use outbox_parking::{a_refused_row_is_parked_and_holds_back_nothing, three_refusals};
 use pipeline::{race_relays, tally, TestBroker, TOPIC};
 use process::shared::Shared;
 use sqlx::MySqlPool;
@@ -179,4 +182,20 @@ async fn overlapping_copies_of_one_message_commit_one_effect() {
         assert_eq!(after, before);
     })
     .await;
+}
+
+// mutant: `settle` never parks -> fails with "the refused row was never parked".
+#[tokio::test]
+async fn a_refused_row_is_parked_after_its_attempts_and_holds_back_nothing() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    let cleanup = broker.clone();
+    with_mysql(|pool| async move {
+        let outbox = MySqlOutbox::new(pool.clone()).refusals(three_refusals());
+        outbox.migrate().await.unwrap();
+        a_refused_row_is_parked_and_holds_back_nothing(&(pool, outbox), &broker, 10).await;
+    })
+    .await;
+    cleanup.clean_up().await;
 }

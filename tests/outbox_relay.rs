@@ -1,22 +1,38 @@
 //! The outbox relay against real PostgreSQL, RabbitMQ and NATS JetStream: every committed row
 //! reaches the broker once, rolled-back ones never, racing relays lose nothing, a crash
 //! between publish and mark is absorbed (by the inbox on RabbitMQ, by `Nats-Msg-Id` on NATS),
-//! and a stopping relay sends the rows committed just before its shutdown, within a bound.
+//! a stopping relay sends the rows committed just before its shutdown, within a bound, a row
+//! the broker refuses is parked after its attempts without holding back the rows after it, an
+//! unreachable broker spends no row's attempts, and sent rows are purged under full load.
 //!
 //! Needs TEST_POSTGRES_URL plus TEST_AMQP_URL / TEST_NATS_URL (`scripts/test` sets them).
 
+mod outbox_parking;
 mod pipeline;
 mod process;
+#[path = "common/proxy.rs"]
+mod proxy;
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use async_trait::async_trait;
-use pipeline::{each_broker, race_relays, tally, TestBroker, WriteReceipt};
+use outbox_parking::{
+    a_refused_row_is_parked_and_holds_back_nothing, three_refusals, POISON_TOPIC,
+};
+use pipeline::{each_broker, race_relays, tally, with_broker, TestBroker, WriteReceipt};
 use process::unique;
+use proxy::Proxy;
 use tower_idempotency::{
-    broker::{BrokerError, OutgoingMessage, Publisher, Verdict},
+    broker::{amqp::AmqpPublisher, BrokerError, OutgoingMessage, Publisher, Verdict},
     inbox::{Consumer, Outcome},
-    outbox::{NewEvent, OutboxError, OutboxSource, PgOutbox, Relay, RelayConfig},
+    outbox::{NewEvent, OutboxError, OutboxSource, PgOutbox, RefusalPolicy, Relay, RelayConfig},
 };
 
 const QUIET: Duration = Duration::from_millis(1500);
@@ -369,4 +385,194 @@ async fn a_shutdown_during_a_purge_stops_the_relay() {
     tokio::time::timeout(Duration::from_secs(20), relay.run_until(purging.notified()))
         .await
         .expect("run_until did not return: the purge under way held the shutdown");
+}
+
+// mutant: `settle` never parks (`let parked = false;`) -> fails with "the refused row was
+// never parked"; the code before (a refusal left the row first in line, uncounted) fails the
+// same way.
+#[tokio::test]
+async fn a_refused_row_is_parked_after_its_attempts_and_the_rows_after_it_are_sent() {
+    each_broker(Duration::from_secs(30), |db, broker| async move {
+        let parking = (
+            db.pool.clone(),
+            db.outbox.clone().refusals(three_refusals()),
+        );
+        a_refused_row_is_parked_and_holds_back_nothing(&parking, &broker, 20).await;
+    })
+    .await;
+}
+
+/// `host:port` of an `amqp://user:pass@host:port/vhost` URL, and the URL with another address.
+fn amqp_through(url: &str, to: std::net::SocketAddr) -> ((String, u16), String) {
+    let after_scheme = url.split_once("://").expect("a URL").1;
+    let authority_start = after_scheme.find('@').map_or(0, |at| at + 1);
+    let rest = &after_scheme[authority_start..];
+    let authority = rest.split('/').next().expect("an authority");
+    let (host, port) = authority.rsplit_once(':').unwrap_or((authority, "5672"));
+    let through = url.replacen(authority, &to.to_string(), 1);
+    ((host.to_owned(), port.parse().expect("a port")), through)
+}
+
+// mutant: `publish` answers a BrokerError with a refusal for every message (an outage counted
+// as the rows' attempts) -> fails with "(parked rows, attempts spent): left (11, 11)".
+#[tokio::test]
+async fn batches_that_fail_while_the_broker_is_unreachable_spend_no_attempts() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, broker| async move {
+        let TestBroker::Amqp { url, topology, .. } = &broker else {
+            unreachable!()
+        };
+        // The proxy's address is known only once it listens: start it on the real broker.
+        let ((host, port), _) = amqp_through(url, "127.0.0.1:1".parse().unwrap());
+        let proxy = Proxy::start(&host, port).await;
+        let (_, through) = amqp_through(url, proxy.addr());
+        let publisher = AmqpPublisher::connect(&through, topology)
+            .await
+            .expect("connect through the proxy")
+            .timeout(Duration::from_millis(500));
+        // One refusal parks: a single outage counted as an attempt would park every row.
+        let outbox = db.outbox.clone().refusals(RefusalPolicy {
+            max_attempts: 1,
+            ..RefusalPolicy::default()
+        });
+        let mut tx = db.pool.begin().await.unwrap();
+        outbox
+            .enqueue(&mut tx, &NewEvent::new(POISON_TOPIC, "{}"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        for _ in 0..10 {
+            db.pay(true).await;
+        }
+
+        proxy.cut();
+        let relay = Relay::new(outbox.clone(), publisher).config(RelayConfig {
+            batch: 4,
+            ..RelayConfig::default()
+        });
+        for _ in 0..5 {
+            assert!(relay.drain().await.is_err(), "the broker is unreachable");
+        }
+        let spent: (i64, i64) = sqlx::query_as(
+            "SELECT count(parked_at), coalesce(sum(attempts), 0)::bigint FROM tower_outbox",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(spent, (0, 0), "(parked rows, attempts spent)");
+        assert_eq!(outbox.unsent().await.unwrap(), 11);
+
+        // Back: the refusal is a verdict about its row now, and the rest is sent.
+        proxy.restore();
+        let relay = Relay::new(outbox.clone(), broker.publisher().await);
+        assert_eq!(relay.drain().await.unwrap(), 11);
+        assert_eq!(outbox.unsent().await.unwrap(), 0);
+        assert_eq!(outbox.parked_count().await.unwrap(), 1);
+    })
+    .await;
+}
+
+/// The real broker a little slowly (a broker farther away), counting the messages it took.
+struct Slow {
+    inner: Box<dyn Publisher>,
+    took: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Publisher for Slow {
+    async fn publish_confirmed(
+        &self,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<Verdict>, BrokerError> {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let verdicts = self.inner.publish_confirmed(messages).await?;
+        let took = verdicts.iter().filter(|v| v.is_ok()).count();
+        self.took.fetch_add(took, Ordering::Relaxed);
+        Ok(verdicts)
+    }
+}
+
+// mutant: `drain_until` ignores `purge_at` (the purge waits for an empty batch, as before) ->
+// fails with "sent rows grew to N of N sent".
+#[tokio::test]
+async fn sent_rows_stay_bounded_while_every_batch_is_full() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, broker| async move {
+        let stop = Arc::new(AtomicBool::new(false));
+        // Keeps a backlog of at least 200 rows, so no batch of the relay comes back short
+        // and its drain never ends.
+        let producer = {
+            let (pool, outbox, stop) = (db.pool.clone(), db.outbox.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    if outbox.unsent().await.unwrap() >= 300 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    let mut tx = pool.begin().await.unwrap();
+                    for _ in 0..50 {
+                        let (_, event) = pipeline::payment_event();
+                        outbox.enqueue(&mut tx, &event).await.unwrap();
+                    }
+                    tx.commit().await.unwrap();
+                }
+            })
+        };
+        while db.unsent().await < 300 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let took = Arc::new(AtomicUsize::new(0));
+        let publisher = Slow {
+            inner: broker.publisher().await,
+            took: took.clone(),
+        };
+        let relay = Relay::new(db.outbox.clone(), publisher).config(RelayConfig {
+            batch: 10,
+            poll_interval: Duration::from_secs(3600),
+            sent_retention: Duration::ZERO,
+            purge_every: Duration::from_millis(200),
+            shutdown_drain: Duration::ZERO,
+            ..RelayConfig::default()
+        });
+        let (stop_relay, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(relay.run_until(async {
+            let _ = stopped.await;
+        }));
+        let (mut most_sent, mut least_unsent) = (0, i64::MAX);
+        let until = tokio::time::Instant::now() + Duration::from_secs(3);
+        while tokio::time::Instant::now() < until {
+            let (sent, unsent): (i64, i64) = sqlx::query_as(
+                "SELECT count(sent_at), count(*) - count(sent_at) FROM tower_outbox",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            most_sent = most_sent.max(sent);
+            least_unsent = least_unsent.min(unsent);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        stop_relay.send(()).unwrap();
+        running.await.unwrap();
+        stop.store(true, Ordering::Relaxed);
+        producer.await.unwrap();
+
+        let took = took.load(Ordering::Relaxed) as i64;
+        eprintln!(
+            "sent {took}, at most {most_sent} sent rows kept, backlog at least {least_unsent}"
+        );
+        assert!(
+            least_unsent >= 10,
+            "the backlog ran dry ({least_unsent} rows): the relay was not under full load"
+        );
+        assert!(took >= 300, "the relay sent only {took} rows");
+        assert!(
+            most_sent * 3 < took,
+            "sent rows grew to {most_sent} of {took} sent: the purge did not run under load"
+        );
+    })
+    .await;
 }

@@ -12,6 +12,10 @@
 //! Publishing: persistent messages (`delivery_mode` 2) with `message_id`, `mandatory` (an
 //! unroutable message is an error, not a silent drop) and publisher confirms.
 //! Consuming: manual acks with a prefetch; a retry is a `nack` with requeue.
+//!
+//! Publishers and subscribers own their connection and open a new one when it fails (see
+//! [`AmqpPublisher`] and [`AmqpSubscriber`]); connections ask for a heartbeat of
+//! [`DEFAULT_HEARTBEAT_SECS`] unless the URL sets one, so a silent peer is noticed.
 
 use std::time::Duration;
 
@@ -23,13 +27,16 @@ use lapin::{
         BasicQosOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
         QueueBindOptions, QueueDeclareOptions,
     },
+    protocol::{AMQPErrorKind, AMQPSoftError},
     types::{AMQPValue, FieldTable, ShortString},
+    uri::AMQPUri,
     BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind,
 };
+use tokio::{sync::Mutex, time::Instant};
 
 use super::{
-    deadline, within, BrokerError, Delivery, OutgoingMessage, Publisher, Refusal, Subscriber,
-    Verdict, DEFAULT_CALL_TIMEOUT,
+    deadline, within, Backoff, BrokerError, Delivery, OutgoingMessage, Publisher, Refusal,
+    Subscriber, Verdict, DEFAULT_CALL_TIMEOUT,
 };
 
 /// The client library, for what this module does not wrap (e.g. deleting a test's queues).
@@ -80,12 +87,21 @@ impl AmqpTopology {
     /// Connects, opens a channel and [declares](Self::declare) the topology on it.
     pub async fn open(&self, url: &str) -> Result<(Connection, Channel), BrokerError> {
         let connection = connect(url).await?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "open a channel", e))?;
-        self.declare(&channel).await?;
-        Ok((connection, channel))
+        let declared = async {
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| failed("open a channel", e))?;
+            self.declare(&channel).await?;
+            Ok(channel)
+        };
+        match declared.await {
+            Ok(channel) => Ok((connection, channel)),
+            Err(error) => {
+                abandon(connection);
+                Err(error)
+            }
+        }
     }
 
     /// Declares everything (idempotent). Fails if the queue exists with other arguments
@@ -101,7 +117,7 @@ impl AmqpTopology {
         };
         let dlx = self.dead_letter_exchange();
         let dead = self.dead_letter_queue();
-        let declare = |e| BrokerError::broker(BROKER, "declare the topology", e);
+        let declare = |e| failed("declare the topology", e);
         channel
             .exchange_declare(&dlx, ExchangeKind::Fanout, durable, FieldTable::default())
             .await
@@ -158,87 +174,237 @@ fn long_string(value: &str) -> AMQPValue {
     AMQPValue::LongString(value.into())
 }
 
-/// Opens a connection that runs on the current tokio runtime.
+/// The heartbeat asked for when the URL names none: a connection that went silent (a
+/// partition, a broker that hangs) is given up after about twice this, instead of RabbitMQ's
+/// 60 s proposal.
+pub const DEFAULT_HEARTBEAT_SECS: u16 = 10;
+
+/// Opens a connection that runs on the current tokio runtime, with a heartbeat of
+/// [`DEFAULT_HEARTBEAT_SECS`] unless the URL sets one (`?heartbeat=N`).
 pub async fn connect(url: &str) -> Result<Connection, BrokerError> {
+    let mut uri: AMQPUri = url
+        .parse()
+        .map_err(|e: String| BrokerError::Misconfigured {
+            broker: BROKER,
+            action: "parse the URL",
+            source: e.into(),
+        })?;
+    uri.query.heartbeat.get_or_insert(DEFAULT_HEARTBEAT_SECS);
     let properties = ConnectionProperties::default()
         .with_executor(tokio_executor_trait::Tokio::current())
         .with_reactor(tokio_reactor_trait::Tokio);
-    Connection::connect(url, properties)
+    Connection::connect_uri(uri, properties)
         .await
-        .map_err(|e| BrokerError::broker(BROKER, "connect", e))
+        .map_err(|e| failed("connect", e))
+}
+
+/// A lapin error as a [`BrokerError`]: RabbitMQ refusing access or an object's arguments
+/// (`ACCESS_REFUSED`, `PRECONDITION_FAILED`) is a configuration to fix, anything else may pass.
+fn failed(action: &'static str, error: lapin::Error) -> BrokerError {
+    let permanent = matches!(
+        &error,
+        lapin::Error::ProtocolError(e) if matches!(
+            e.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED | AMQPSoftError::PRECONDITIONFAILED)
+        )
+    );
+    if permanent {
+        BrokerError::Misconfigured {
+            broker: BROKER,
+            action,
+            source: error.into(),
+        }
+    } else {
+        BrokerError::broker(BROKER, action, error)
+    }
+}
+
+/// Closes a connection that failed or is given up, without waiting for it: a dead peer would
+/// hold the caller until the close times out.
+fn abandon(connection: Connection) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            connection.close(320, "session given up; reconnecting"),
+        )
+        .await;
+    });
+}
+
+/// A publisher's connection and confirm-mode channel, while they work.
+struct PublishSession {
+    connection: Connection,
+    channel: Channel,
+}
+
+/// What a publisher keeps between batches: its session, if it has one, and the backoff of
+/// its reconnections.
+struct PublishState {
+    session: Option<PublishSession>,
+    backoff: Backoff,
+    /// When the next reconnection may start (after one failed).
+    next_connect: Option<Instant>,
 }
 
 /// Publishes to the topology's exchange with the message's topic as routing key, and waits
 /// for publisher confirms.
+///
+/// It owns its connection: when a batch fails (the broker restarted, the connection dropped,
+/// a heartbeat was missed, the channel was closed, the time limit passed) the session is
+/// dropped, and the next batch opens a new one (connection, channel, topology, confirm mode),
+/// after a jittered [`Backoff`] when reconnecting failed too. The relay keeps the failed
+/// batch's rows unsent and publishes them again.
 pub struct AmqpPublisher {
-    connection: Connection,
-    channel: Channel,
-    exchange: String,
+    url: String,
+    topology: AmqpTopology,
+    state: Mutex<PublishState>,
     timeout: Duration,
 }
 
 impl AmqpPublisher {
-    /// Connects, declares `topology` and enables publisher confirms.
+    /// Connects, declares `topology` and enables publisher confirms; fails if the broker
+    /// cannot be reached now (retry it, or start anyway with [`lazy`](Self::lazy)).
     pub async fn connect(url: &str, topology: &AmqpTopology) -> Result<Self, BrokerError> {
-        let (connection, channel) = topology.open(url).await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "enable publisher confirms", e))?;
-        Ok(Self {
-            connection,
-            channel,
-            exchange: topology.exchange.clone(),
-            timeout: DEFAULT_CALL_TIMEOUT,
-        })
+        let publisher = Self::lazy(url, topology);
+        let session = deadline(
+            BROKER,
+            "connect",
+            publisher.timeout,
+            open_publishing(url, topology),
+        )
+        .await?;
+        publisher.state.lock().await.session = Some(session);
+        Ok(publisher)
     }
 
-    /// The time limit of one batch, publishes and confirms (default
+    /// A publisher that connects on its first batch (and fails that batch if the broker
+    /// cannot be reached then).
+    pub fn lazy(url: &str, topology: &AmqpTopology) -> Self {
+        Self {
+            url: url.to_owned(),
+            topology: topology.clone(),
+            state: Mutex::new(PublishState {
+                session: None,
+                backoff: Backoff::default(),
+                next_connect: None,
+            }),
+            timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+
+    /// The time limit of one batch, publishes and confirms, and of a reconnection (default
     /// [`DEFAULT_CALL_TIMEOUT`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    async fn publish_all(&self, messages: &[OutgoingMessage]) -> Result<Vec<Verdict>, BrokerError> {
-        let publish = |e| BrokerError::broker(BROKER, "publish", e);
-        // All publishes first, then all confirms: one round trip per batch, not per message,
-        // and one channel keeps their order.
-        let mut confirms = Vec::with_capacity(messages.len());
-        for message in messages {
-            let properties = BasicProperties::default()
-                .with_delivery_mode(2)
-                .with_message_id(ShortString::from(message.id.as_str()))
-                .with_content_type("application/json".into());
-            let confirm = self
-                .channel
-                .basic_publish(
-                    &self.exchange,
-                    &message.topic,
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &message.payload,
-                    properties,
-                )
-                .await
-                .map_err(publish)?;
-            confirms.push(confirm);
-        }
-        let mut verdicts = Vec::with_capacity(confirms.len());
-        for confirm in confirms {
-            let confirmation = confirm.await.map_err(publish)?;
-            verdicts.push(if confirmation.is_nack() {
-                Err(Refusal::new(BROKER, "publisher nack"))
-            } else if confirmation.take_message().is_some() {
-                Err(Refusal::new(BROKER, "no queue is bound to its routing key"))
-            } else {
-                Ok(())
-            });
-        }
-        Ok(verdicts)
+    /// The backoff between reconnections (default [`Backoff::default`]: 100 ms doubling up
+    /// to 5 s).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.state.get_mut().backoff = backoff;
+        self
     }
+
+    /// The session's channel, opening a new session first if there is none.
+    async fn channel(&self, state: &mut PublishState) -> Result<Channel, BrokerError> {
+        if let Some(session) = &state.session {
+            if session.connection.status().connected() && session.channel.status().connected() {
+                return Ok(session.channel.clone());
+            }
+            // Closed under us (a broker restart, a missed heartbeat, a channel error): the
+            // batch goes to a new session rather than failing on the old one.
+            if let Some(dead) = state.session.take() {
+                abandon(dead.connection);
+            }
+        }
+        if let Some(at) = state.next_connect {
+            tokio::time::sleep_until(at).await;
+        }
+        match deadline(
+            BROKER,
+            "connect",
+            self.timeout,
+            open_publishing(&self.url, &self.topology),
+        )
+        .await
+        {
+            Ok(session) => {
+                let channel = session.channel.clone();
+                state.session = Some(session);
+                state.next_connect = None;
+                tracing::info!(exchange = %self.topology.exchange, "amqp: publisher connected");
+                Ok(channel)
+            }
+            Err(error) => {
+                state.next_connect = Some(Instant::now() + state.backoff.next_delay());
+                Err(error)
+            }
+        }
+    }
+}
+
+/// A connection with the topology declared and a channel in confirm mode.
+async fn open_publishing(
+    url: &str,
+    topology: &AmqpTopology,
+) -> Result<PublishSession, BrokerError> {
+    let (connection, channel) = topology.open(url).await?;
+    if let Err(error) = channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+    {
+        abandon(connection);
+        return Err(failed("enable publisher confirms", error));
+    }
+    Ok(PublishSession {
+        connection,
+        channel,
+    })
+}
+
+/// Publishes `messages` on `channel` (in confirm mode) and waits for every confirm.
+async fn publish_all(
+    channel: &Channel,
+    exchange: &str,
+    messages: &[OutgoingMessage],
+) -> Result<Vec<Verdict>, BrokerError> {
+    let publish = |e| failed("publish", e);
+    // All publishes first, then all confirms: one round trip per batch, not per message,
+    // and one channel keeps their order.
+    let mut confirms = Vec::with_capacity(messages.len());
+    for message in messages {
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(ShortString::from(message.id.as_str()))
+            .with_content_type("application/json".into());
+        let confirm = channel
+            .basic_publish(
+                exchange,
+                &message.topic,
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                &message.payload,
+                properties,
+            )
+            .await
+            .map_err(publish)?;
+        confirms.push(confirm);
+    }
+    let mut verdicts = Vec::with_capacity(confirms.len());
+    for confirm in confirms {
+        let confirmation = confirm.await.map_err(publish)?;
+        verdicts.push(if confirmation.is_nack() {
+            Err(Refusal::new(BROKER, "publisher nack"))
+        } else if confirmation.take_message().is_some() {
+            Err(Refusal::new(BROKER, "no queue is bound to its routing key"))
+        } else {
+            Ok(())
+        });
+    }
+    Ok(verdicts)
 }
 
 #[async_trait]
@@ -247,49 +413,104 @@ impl Publisher for AmqpPublisher {
         &self,
         messages: &[OutgoingMessage],
     ) -> Result<Vec<Verdict>, BrokerError> {
-        deadline(BROKER, "publish", self.timeout, self.publish_all(messages)).await
+        let mut state = self.state.lock().await;
+        let batch = async {
+            let channel = self.channel(&mut state).await?;
+            publish_all(&channel, &self.topology.exchange, messages).await
+        };
+        let result = deadline(BROKER, "publish", self.timeout, batch).await;
+        match &result {
+            Ok(_) => state.backoff.reset(),
+            // Whatever failed, this session is not trusted with the next batch.
+            Err(_) => {
+                if let Some(session) = state.session.take() {
+                    abandon(session.connection);
+                }
+            }
+        }
+        result
     }
 
     async fn close(&self) {
-        let _ =
-            tokio::time::timeout(self.timeout, self.connection.close(200, "relay stopped")).await;
+        let session = self.state.lock().await.session.take();
+        if let Some(session) = session {
+            let _ =
+                tokio::time::timeout(self.timeout, session.connection.close(200, "relay stopped"))
+                    .await;
+        }
     }
 }
 
 /// Consumes the topology's queue with manual acks.
+///
+/// It owns its connection: when the session fails (the broker restarted, the connection
+/// dropped, a heartbeat was missed, the channel or the consumer was cancelled),
+/// [`next`](Subscriber::next) opens a new one (connection, topology, prefetch, consumer) after
+/// a jittered [`Backoff`], and goes on. The deliveries of the lost session go back to the
+/// queue by themselves; settling them fails harmlessly.
 pub struct AmqpSubscriber {
-    connection: Connection,
-    consumer: lapin::Consumer,
+    url: String,
+    topology: AmqpTopology,
+    prefetch: u16,
+    session: Option<(Connection, lapin::Consumer)>,
+    backoff: Backoff,
     timeout: Duration,
 }
 
 impl AmqpSubscriber {
     /// Connects, declares `topology` and starts consuming its queue with at most `prefetch`
-    /// unacknowledged deliveries at once.
+    /// unacknowledged deliveries at once; fails if the broker cannot be reached now.
     pub async fn connect(
         url: &str,
         topology: &AmqpTopology,
         prefetch: u16,
     ) -> Result<Self, BrokerError> {
-        let (connection, channel) = topology.open(url).await?;
-        channel
-            .basic_qos(prefetch.max(1), BasicQosOptions::default())
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "set the prefetch", e))?;
-        let consumer = channel
-            .basic_consume(
-                &topology.queue,
-                "",
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "consume", e))?;
-        Ok(Self {
-            connection,
-            consumer,
+        let mut subscriber = Self {
+            url: url.to_owned(),
+            topology: topology.clone(),
+            prefetch: prefetch.max(1),
+            session: None,
+            backoff: Backoff::default(),
             timeout: DEFAULT_CALL_TIMEOUT,
-        })
+        };
+        subscriber.session = Some(subscriber.open().await?);
+        Ok(subscriber)
+    }
+
+    /// The backoff between reconnections (default [`Backoff::default`]: 100 ms doubling up
+    /// to 5 s).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    async fn open(&self) -> Result<(Connection, lapin::Consumer), BrokerError> {
+        let session = async {
+            let (connection, channel) = self.topology.open(&self.url).await?;
+            let consumer = async {
+                channel
+                    .basic_qos(self.prefetch, BasicQosOptions::default())
+                    .await
+                    .map_err(|e| failed("set the prefetch", e))?;
+                channel
+                    .basic_consume(
+                        &self.topology.queue,
+                        "",
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(|e| failed("consume", e))
+            };
+            match consumer.await {
+                Ok(consumer) => Ok((connection, consumer)),
+                Err(error) => {
+                    abandon(connection);
+                    Err(error)
+                }
+            }
+        };
+        deadline(BROKER, "connect", self.timeout, session).await
     }
 }
 
@@ -298,20 +519,46 @@ impl Subscriber for AmqpSubscriber {
     type Delivery = AmqpDelivery;
 
     async fn next(&mut self) -> Result<AmqpDelivery, BrokerError> {
-        match self.consumer.next().await {
-            Some(Ok(delivery)) => Ok(AmqpDelivery {
-                delivery,
-                timeout: self.timeout,
-            }),
-            Some(Err(e)) => Err(BrokerError::broker(BROKER, "receive", e)),
-            None => Err(BrokerError::Closed { broker: BROKER }),
+        loop {
+            let Some((_, consumer)) = &mut self.session else {
+                match self.open().await {
+                    Ok(session) => {
+                        tracing::info!(queue = %self.topology.queue, "amqp: consuming again");
+                        self.session = Some(session);
+                    }
+                    Err(error) if error.is_permanent() => return Err(error),
+                    Err(error) => {
+                        tracing::warn!(error = %super::error_chain(&error), "amqp: reconnecting failed; trying again");
+                        self.backoff.wait().await;
+                    }
+                }
+                continue;
+            };
+            let error = match consumer.next().await {
+                Some(Ok(delivery)) => {
+                    self.backoff.reset();
+                    return Ok(AmqpDelivery {
+                        delivery,
+                        timeout: self.timeout,
+                    });
+                }
+                Some(Err(error)) => error.to_string(),
+                None => "the consumer was cancelled".to_owned(),
+            };
+            tracing::warn!(%error, queue = %self.topology.queue, "amqp: the session ended; reconnecting");
+            if let Some((connection, _)) = self.session.take() {
+                abandon(connection);
+            }
+            self.backoff.wait().await;
         }
     }
 
     async fn close(self) {
         // Deliveries still unacknowledged go back to the queue.
-        let _ = tokio::time::timeout(self.timeout, self.connection.close(200, "consumer stopped"))
-            .await;
+        if let Some((connection, _)) = self.session {
+            let _ =
+                tokio::time::timeout(self.timeout, connection.close(200, "consumer stopped")).await;
+        }
     }
 }
 

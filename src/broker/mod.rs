@@ -407,7 +407,7 @@ pub(crate) async fn deadline<T>(
 }
 
 /// An error with its sources, for one log line.
-#[cfg(any(feature = "sqlx", feature = "nats", feature = "sqs"))] // the relay, the consumer, NATS refusals, SQS logs
+#[cfg(any(feature = "sqlx", feature = "nats", feature = "amqp", feature = "sqs"))] // the relay, the consumer, brokers' logs
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();

@@ -26,8 +26,8 @@ use async_nats::{
 };
 
 use super::{
-    deadline, within, BrokerError, Delivery, OutgoingMessage, Publisher, Refusal, Subscriber,
-    Verdict, DEFAULT_CALL_TIMEOUT,
+    deadline, within, Backoff, BrokerError, Delivery, OutgoingMessage, Publisher, Refusal,
+    Subscriber, Verdict, DEFAULT_CALL_TIMEOUT,
 };
 
 /// The client library, for what this module does not wrap (e.g. deleting a test's stream).
@@ -118,8 +118,13 @@ pub async fn connect(url: &str) -> Result<jetstream::Context, BrokerError> {
 type Route = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
 /// Publishes to JetStream with `Nats-Msg-Id` and waits for the publish acks.
+///
+/// The client reconnects by itself after a dropped connection or a server restart; a batch
+/// that fails meanwhile (publish acks time out within the publisher's time limit) is an
+/// error the relay retries. A stream lost with the server's store is declared again.
 pub struct NatsPublisher {
     js: jetstream::Context,
+    topology: NatsTopology,
     route: Route,
     timeout: Duration,
 }
@@ -132,6 +137,7 @@ impl NatsPublisher {
         topology.declare_stream(&js).await?;
         Ok(Self {
             js,
+            topology: topology.clone(),
             route: Arc::new(str::to_owned),
             timeout: DEFAULT_CALL_TIMEOUT,
         })
@@ -183,14 +189,29 @@ impl NatsPublisher {
     async fn refusal(&self, subject: &str, error: PublishError) -> Result<Refusal, BrokerError> {
         match error.kind() {
             // "No responders" is also what a JetStream that is restarting answers: the
-            // message is refused only if the server says that no stream covers its subject.
-            PublishErrorKind::StreamNotFound => match self.js.stream_by_subject(subject).await {
-                Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => Ok(Refusal::new(
-                    BROKER,
-                    format!("no stream covers subject {subject}"),
-                )),
-                _ => Err(BrokerError::broker(BROKER, "publish", error)),
-            },
+            // message is refused only if the server says that no stream covers its subject,
+            // even after the topology's stream was declared again (a server that lost its
+            // store lost the stream: that is no fault of the message).
+            PublishErrorKind::StreamNotFound => {
+                let not_found = |found: Result<
+                    String,
+                    jetstream::context::GetStreamByNameError,
+                >| {
+                    matches!(found, Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound)
+                };
+                if !not_found(self.js.stream_by_subject(subject).await) {
+                    return Err(BrokerError::broker(BROKER, "publish", error));
+                }
+                self.topology.declare_stream(&self.js).await?;
+                if not_found(self.js.stream_by_subject(subject).await) {
+                    return Ok(Refusal::new(
+                        BROKER,
+                        format!("no stream covers subject {subject}"),
+                    ));
+                }
+                tracing::warn!(stream = %self.topology.stream, "nats: the stream was missing and is declared again");
+                Err(BrokerError::broker(BROKER, "publish", error))
+            }
             // The stream answered with an error about this message (e.g. too large).
             PublishErrorKind::Other
                 if std::error::Error::source(&error)
@@ -214,32 +235,58 @@ impl Publisher for NatsPublisher {
 }
 
 /// Pulls from the topology's durable consumer.
+///
+/// The client reconnects by itself; when pulling fails (a missed heartbeat, a server restart,
+/// a consumer deleted or lost with the server's store) [`next`](Subscriber::next) declares the
+/// stream and the consumer again and pulls anew, after a jittered [`Backoff`].
 pub struct NatsSubscriber {
-    messages: pull::Stream,
-    ack_wait: Duration,
+    js: jetstream::Context,
+    topology: NatsTopology,
+    batch: usize,
+    messages: Option<pull::Stream>,
+    backoff: Backoff,
     timeout: Duration,
 }
 
 impl NatsSubscriber {
-    /// Connects, declares the topology and starts pulling at most `batch` messages at a time.
+    /// Connects, declares the topology and starts pulling at most `batch` messages at a time;
+    /// fails if the server cannot be reached now.
     pub async fn connect(
         url: &str,
         topology: &NatsTopology,
         batch: usize,
     ) -> Result<Self, BrokerError> {
         let js = connect(url).await?;
-        let consumer = topology.declare(&js).await?;
-        let messages = consumer
-            .stream()
-            .max_messages_per_batch(batch.max(1))
-            .messages()
-            .await
-            .map_err(|e| BrokerError::broker(BROKER, "pull", e))?;
-        Ok(Self {
-            messages,
-            ack_wait: topology.ack_wait,
+        let mut subscriber = Self {
+            js,
+            topology: topology.clone(),
+            batch: batch.max(1),
+            messages: None,
+            backoff: Backoff::default(),
             timeout: DEFAULT_CALL_TIMEOUT,
-        })
+        };
+        subscriber.messages = Some(subscriber.pull().await?);
+        Ok(subscriber)
+    }
+
+    /// The backoff between two tries to pull again (default [`Backoff::default`]: 100 ms
+    /// doubling up to 5 s).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    async fn pull(&self) -> Result<pull::Stream, BrokerError> {
+        let pull = async {
+            let consumer = self.topology.declare(&self.js).await?;
+            consumer
+                .stream()
+                .max_messages_per_batch(self.batch)
+                .messages()
+                .await
+                .map_err(|e| BrokerError::broker(BROKER, "pull", e))
+        };
+        deadline(BROKER, "pull", self.timeout, pull).await
     }
 }
 
@@ -249,21 +296,31 @@ impl Subscriber for NatsSubscriber {
 
     async fn next(&mut self) -> Result<NatsDelivery, BrokerError> {
         loop {
-            match self.messages.next().await {
+            let Some(messages) = &mut self.messages else {
+                match self.pull().await {
+                    Ok(messages) => self.messages = Some(messages),
+                    Err(error) => {
+                        tracing::warn!(error = %super::error_chain(&error), "nats: pulling again failed; trying again");
+                        self.backoff.wait().await;
+                    }
+                }
+                continue;
+            };
+            let error = match messages.next().await {
                 Some(Ok(message)) => {
+                    self.backoff.reset();
                     return Ok(NatsDelivery {
                         message,
-                        ack_wait: self.ack_wait,
+                        ack_wait: self.topology.ack_wait,
                         timeout: self.timeout,
-                    })
+                    });
                 }
-                // Missed heartbeats and the like: the stream recovers by itself.
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "nats: pulling messages failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                None => return Err(BrokerError::Closed { broker: BROKER }),
-            }
+                Some(Err(error)) => error.to_string(),
+                None => "the pull stream ended".to_owned(),
+            };
+            tracing::warn!(%error, consumer = %self.topology.consumer, "nats: pulling messages failed; pulling again");
+            self.messages = None;
+            self.backoff.wait().await;
         }
     }
 }

@@ -71,6 +71,16 @@ impl Claim {
         self.token
     }
 
+    /// The fingerprint of the request that won the claim.
+    pub(crate) fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// How long the outcome (and a step journal's entries) are kept.
+    pub(crate) fn retention(&self) -> Duration {
+        self.engine.shared.config.retention
+    }
+
     /// A handle that says whether this claim was lost while the operation ran.
     pub fn status(&self) -> ClaimStatus {
         self.lost.status()

@@ -296,7 +296,17 @@ impl Engine {
             Begin::Replay(output) => return Ok(Execution::Replayed(output)),
             Begin::Run(claim) => claim,
         };
-        match claim.run(operation()).await {
+        let result = claim.run(operation()).await;
+        Self::settle(claim, result).await
+    }
+
+    /// Ends a claim by its operation's result: a success is completed (and replayed from
+    /// then on), a failure releases the key so that a redelivery runs it again.
+    pub(crate) async fn settle<E>(
+        claim: Claim,
+        result: Result<Bytes, E>,
+    ) -> Result<Execution, RunError<E>> {
+        match result {
             Ok(output) => match claim.complete(output.clone()).await {
                 Ok(()) => Ok(Execution::Ran(output)),
                 Err(source) => Err(RunError::NotRecorded { output, source }),

@@ -423,6 +423,9 @@ where
 {
     let mut request = Request::from_parts(parts, ReqBody::from(body));
     request.extensions_mut().insert(claim.status());
+    request
+        .extensions_mut()
+        .insert(crate::steps::KeyOwner::of(&claim));
     Box::pin(execute(inner, claim, request, config, arrived))
 }
 

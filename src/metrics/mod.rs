@@ -27,6 +27,7 @@
 //! | `idempotency_store_operation_seconds` | histogram | `operation`: `claim`, `lookup`, `complete`, `release` |
 //! | `idempotency_store_errors_total` | counter | `operation` |
 //! | `idempotency_claims_in_flight` | gauge | |
+//! | `idempotency_outbox_refused_total` | counter | `outcome`: `retried` (the row is tried again later), `parked` (its last attempt: it waits for an operator) |
 
 /// Requests (engine operations) by outcome, a counter labelled `outcome`: one of
 /// [`EXECUTED`], [`REPLAYED`], [`KEY_REUSED`], [`IN_PROGRESS`], [`STORE_UNAVAILABLE`], or
@@ -44,6 +45,14 @@ pub const STORE_SECONDS: &str = "idempotency_store_operation_seconds";
 pub const STORE_ERRORS: &str = "idempotency_store_errors_total";
 /// Claims held right now by this process, a gauge.
 pub const CLAIMS_IN_FLIGHT: &str = "idempotency_claims_in_flight";
+
+/// Outbox rows the broker refused (see `outbox::RefusalPolicy`), a counter labelled
+/// `outcome`: [`RETRIED`] or [`PARKED`].
+pub const OUTBOX_REFUSED: &str = "idempotency_outbox_refused_total";
+/// The `outcome` of a refused outbox row that gets another attempt later.
+pub const RETRIED: &str = "retried";
+/// The `outcome` of a refused outbox row that spent its last attempt and is parked.
+pub const PARKED: &str = "parked";
 
 /// The `outcome` of a request whose key it claimed, so its operation runs.
 pub const EXECUTED: &str = "executed";
@@ -238,6 +247,17 @@ impl Drop for Wait {
     fn drop(&mut self) {
         ::metrics::histogram!(WAIT_SECONDS).record(self.started.elapsed().as_secs_f64());
     }
+}
+
+/// Counts one outbox row the broker refused, parked by this refusal or not.
+#[cfg(feature = "sqlx")]
+#[inline]
+pub(crate) fn outbox_refused(parked: bool) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(OUTBOX_REFUSED, "outcome" => if parked { PARKED } else { RETRIED })
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = parked;
 }
 
 /// Moves the claims-in-flight gauge by `delta` (+1 on a claim, -1 when it ends).

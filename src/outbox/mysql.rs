@@ -19,6 +19,10 @@ use crate::sql::{self, statement, AddedColumn, TableName};
 ///     created_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
 ///     sent_at    DATETIME(6)  NULL,
 ///     ordering_key VARCHAR(255) NULL,
+///     attempts   BIGINT       NOT NULL DEFAULT 0,
+///     last_error TEXT         NULL,
+///     next_attempt_at DATETIME(6) NULL,
+///     parked_at  DATETIME(6)  NULL,
 ///     INDEX (sent_at, seq)
 /// ) ENGINE = InnoDB;
 /// ```
@@ -44,6 +48,10 @@ impl Dialect for MySql {
     created_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     sent_at    DATETIME(6)  NULL,
     ordering_key VARCHAR(255) NULL,
+    attempts   BIGINT       NOT NULL DEFAULT 0,
+    last_error TEXT         NULL,
+    next_attempt_at DATETIME(6) NULL,
+    parked_at  DATETIME(6)  NULL,
     INDEX {index} (sent_at, seq)
 ) ENGINE = InnoDB"
             )],
@@ -52,22 +60,39 @@ impl Dialect for MySql {
             )),
             channel: None,
             take: statement(format!(
-                "SELECT seq, id, topic, payload, ordering_key FROM {t} WHERE sent_at IS NULL
+                "SELECT seq, id, topic, payload, ordering_key, attempts FROM {t}
+                 WHERE sent_at IS NULL AND parked_at IS NULL
+                   AND (next_attempt_at IS NULL OR next_attempt_at <= CURRENT_TIMESTAMP(6))
                  ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED"
             )),
             // Followed by `(?, ?, ...)`, one placeholder per row.
             mark: statement(format!(
                 "UPDATE {t} SET sent_at = CURRENT_TIMESTAMP(6) WHERE seq IN "
             )),
+            release: None,
+            retry_later: statement(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = ?,
+                     next_attempt_at = TIMESTAMPADD(MICROSECOND, ?, CURRENT_TIMESTAMP(6))
+                 WHERE seq = ?"
+            )),
+            park: statement(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = ?,
+                     parked_at = CURRENT_TIMESTAMP(6)
+                 WHERE seq = ?"
+            )),
             purge: statement(format!(
                 "DELETE FROM {t} WHERE sent_at < TIMESTAMPADD(MICROSECOND, -?, CURRENT_TIMESTAMP(6))
                  ORDER BY sent_at LIMIT ?"
             )),
             unsent: Statements::unsent(&table),
-            upgrades: vec![AddedColumn {
+            parked: Statements::parked(&table, |_| "?".into()),
+            upgrades: [AddedColumn {
                 name: "ordering_key",
                 add: format!("ALTER TABLE {t} ADD COLUMN ordering_key VARCHAR(255) NULL"),
-            }],
+            }]
+            .into_iter()
+            .chain(Statements::refusal_columns(&table, "", "DATETIME(6) NULL"))
+            .collect(),
             table,
         }
     }

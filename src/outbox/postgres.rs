@@ -40,7 +40,11 @@ impl Dialect for Postgres {
     payload    BYTEA            NOT NULL,
     created_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
     sent_at    TIMESTAMPTZ,
-    ordering_key TEXT
+    ordering_key TEXT,
+    attempts   BIGINT           NOT NULL DEFAULT 0,
+    last_error TEXT,
+    next_attempt_at TIMESTAMPTZ,
+    parked_at  TIMESTAMPTZ
 );
 CREATE INDEX IF NOT EXISTS {unsent_idx} ON {t} (seq) WHERE sent_at IS NULL;
 CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL;
@@ -53,11 +57,23 @@ CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL
                  SELECT pg_notify($5, '') FROM row"
             )),
             take: statement(format!(
-                "SELECT seq, id, topic, payload, ordering_key FROM {t} WHERE sent_at IS NULL
+                "SELECT seq, id, topic, payload, ordering_key, attempts FROM {t}
+                 WHERE sent_at IS NULL AND parked_at IS NULL
+                   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
                  ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED"
             )),
             mark: statement(format!(
                 "UPDATE {t} SET sent_at = now() WHERE seq = ANY($1)"
+            )),
+            release: None,
+            retry_later: statement(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $1,
+                     next_attempt_at = now() + $2 * interval '1 millisecond'
+                 WHERE seq = $3"
+            )),
+            park: statement(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $1, parked_at = now()
+                 WHERE seq = $2"
             )),
             purge: statement(format!(
                 "DELETE FROM {t} WHERE seq IN (
@@ -65,16 +81,24 @@ CREATE INDEX IF NOT EXISTS {sent_idx} ON {t} (sent_at) WHERE sent_at IS NOT NULL
                      LIMIT $2)"
             )),
             unsent: Statements::unsent(&table),
-            upgrades: vec![AddedColumn {
+            parked: Statements::parked(&table, |n| format!("${n}")),
+            upgrades: [AddedColumn {
                 name: "ordering_key",
                 add: format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS ordering_key TEXT"),
-            }],
+            }]
+            .into_iter()
+            .chain(Statements::refusal_columns(
+                &table,
+                "IF NOT EXISTS ",
+                "TIMESTAMPTZ",
+            ))
+            .collect(),
             table,
         }
     }
 
-    fn mark(mark: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self> {
-        sqlx::query(mark.clone()).bind(seqs)
+    fn with_seqs(statement: &sqlx::SqlStr, seqs: Vec<i64>) -> Query<Self> {
+        sqlx::query(statement.clone()).bind(seqs)
     }
 
     fn listen(

@@ -3,7 +3,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use tokio::{sync::Notify, time::Instant};
 
 use super::{OutboxError, OutboxSource};
-use crate::broker::{error_chain, Publisher};
+use crate::broker::{error_chain, Backoff, Publisher};
 
 /// How a [`Relay`] works. The defaults suit most services.
 #[derive(Debug, Clone)]
@@ -13,11 +13,16 @@ pub struct RelayConfig {
     /// How long to wait for a wake-up before looking anyway (default 1 s): the only trigger
     /// where the database has no `LISTEN`, and the safety net where it has.
     pub poll_interval: Duration,
-    /// Wait after a failed batch before the next try (default 1 s).
+    /// Wait after a failed batch (the broker or the database unreachable, a time limit)
+    /// before the next try (default 1 s); it doubles, with jitter, after each further failure
+    /// in a row, up to `retry_ceiling`. No row's attempts are spent on such failures.
     pub retry_delay: Duration,
+    /// The longest wait between two tries while batches keep failing (default 30 s).
+    pub retry_ceiling: Duration,
     /// How long sent rows are kept (default 1 hour), for inspection.
     pub sent_retention: Duration,
-    /// How often sent rows are purged (default 1 minute), in batches of `batch` rows.
+    /// How often sent rows are purged (default 1 minute), in batches of `batch` rows, however
+    /// busy the relay is: a backlog is interrupted between two batches for the purge.
     /// `Duration::MAX`: once, when the relay starts.
     pub purge_every: Duration,
     /// How long sending may go on after the shutdown signal (default 5 s): the drain under way,
@@ -33,6 +38,7 @@ impl Default for RelayConfig {
             batch: 100,
             poll_interval: Duration::from_secs(1),
             retry_delay: Duration::from_secs(1),
+            retry_ceiling: Duration::from_secs(30),
             sent_retention: Duration::from_secs(3600),
             purge_every: Duration::from_secs(60),
             shutdown_drain: Duration::from_secs(5),
@@ -78,24 +84,37 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         self
     }
 
-    /// Publishes batches until none is left; returns how many rows it sent. For tests, tools
-    /// and shutdown hooks; services use [`run_until`](Self::run_until).
+    /// Publishes batches until none is due; returns how many rows it took (sent, or refused
+    /// and set aside for a later attempt). For tests, tools and shutdown hooks; services use
+    /// [`run_until`](Self::run_until).
     pub async fn drain(&self) -> Result<usize, OutboxError> {
-        let mut sent = 0;
+        self.drain_until(None).await.map(|(taken, _)| taken)
+    }
+
+    /// Publishes batches until none is due or, between two batches, `purge_at` has come;
+    /// returns the rows taken and whether it stopped for the purge (with rows maybe left).
+    async fn drain_until(&self, purge_at: Option<Instant>) -> Result<(usize, bool), OutboxError> {
+        let mut taken = 0;
         loop {
             let n = self
                 .source
                 .relay_batch(&self.publisher, self.config.batch)
                 .await?;
-            sent += n;
+            taken += n;
             if n == 0 {
-                return Ok(sent);
+                return Ok((taken, false));
+            }
+            if purge_at.is_some_and(|at| Instant::now() >= at) {
+                return Ok((taken, true));
             }
         }
     }
 
-    /// Runs until `shutdown` completes. Errors are logged (`tracing`, warn) and retried after
-    /// `retry_delay`.
+    /// Runs until `shutdown` completes. A failed batch is logged (`tracing`, warn) and
+    /// retried after `retry_delay`, doubling up to `retry_ceiling` while failures go on.
+    ///
+    /// Sent rows are purged every `purge_every` even while every batch is full: the drain
+    /// pauses for the purge between two batches.
     ///
     /// Shutdown is bounded by [`shutdown_drain`](RelayConfig::shutdown_drain): a drain under
     /// way when `shutdown` completes may go on for that long, and otherwise one more drain
@@ -109,18 +128,33 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         let wake = Arc::new(Notify::new());
         let listener = self.source.listen(wake.clone());
         tokio::pin!(shutdown);
+        // Saturated: the backoff doubles its wait, which `Duration::MAX` cannot take.
+        let forever = crate::clock::FOREVER;
+        let mut backoff = Backoff::new(
+            self.config.retry_delay.min(forever),
+            self.config.retry_ceiling.min(forever),
+        );
         let mut next_purge = Instant::now();
         let in_flight = loop {
-            let mut drain = Box::pin(self.drain());
+            let mut drain = Box::pin(self.drain_until(Some(next_purge)));
             let drained = tokio::select! {
                 drained = &mut drain => drained,
                 () = &mut shutdown => break Some(drain),
             };
             let pause = match drained {
-                Ok(_) => self.config.poll_interval,
+                // Stopped for the purge: the backlog goes on right after it.
+                Ok((_, purge_due)) => {
+                    backoff.reset();
+                    (!purge_due).then_some(self.config.poll_interval)
+                }
                 Err(error) => {
-                    tracing::warn!(error = %error_chain(&error), "outbox relay: batch failed; retrying");
-                    self.config.retry_delay
+                    let pause = backoff.next_delay();
+                    tracing::warn!(
+                        error = %error_chain(&error),
+                        retry_in = ?pause,
+                        "outbox relay: batch failed; no row's attempts were spent, retrying"
+                    );
+                    Some(pause)
                 }
             };
             if Instant::now() >= next_purge {
@@ -133,6 +167,7 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
                 }
                 next_purge = crate::clock::deadline_in(self.config.purge_every);
             }
+            let Some(pause) = pause else { continue };
             tokio::select! {
                 () = &mut shutdown => break None,
                 () = wake.notified() => {}
@@ -142,8 +177,17 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
         if let Some(listener) = listener {
             listener.abort();
         }
-        let last = in_flight.unwrap_or_else(|| Box::pin(self.drain()));
-        self.last_drain(last).await;
+        match in_flight {
+            // The drain under way may have stopped for a purge with rows left: go on.
+            Some(drain) => {
+                self.last_drain(async {
+                    drain.await?;
+                    self.drain().await
+                })
+                .await
+            }
+            None => self.last_drain(self.drain()).await,
+        }
         self.publisher.close().await;
     }
 

@@ -12,10 +12,16 @@ pub(crate) type Query<DB> = sqlx::query::Query<'static, DB, <DB as Database>::Ar
 /// The per-database half of the outbox's and the inbox's dialects. Implemented by this crate
 /// only (`pub` in a private module, as the sealed dialects that extend it need).
 pub trait OwnTable: Database {
+    /// Binds `age` as the next parameter, in the unit the statement's `now - ?` (or
+    /// `now + ?`) counts in: PostgreSQL milliseconds (a float, times an interval), MySQL
+    /// microseconds (`TIMESTAMPADD`), SQLite milliseconds (this crate's clock columns).
+    fn bind_age(query: Query<Self>, age: Duration) -> Query<Self>;
+
+    /// The rows a statement changed (sqlx has no trait for it).
+    fn rows_affected(done: &Self::QueryResult) -> u64;
+
     /// Runs a `purge` statement on `pool` with its age and row limit bound: how many rows it
-    /// deleted. The age is in the unit the statement's `now - ?` counts in: PostgreSQL
-    /// milliseconds (a float, times an interval), MySQL microseconds (`TIMESTAMPADD`), SQLite
-    /// milliseconds (this crate's clock columns).
+    /// deleted.
     fn run_purge(
         pool: &sqlx::Pool<Self>,
         query: Query<Self>,
@@ -24,38 +30,54 @@ pub trait OwnTable: Database {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }
 
-/// Implements [`OwnTable`] for a database; `$bind` turns the age and the limit into the values
-/// its purge statements bind.
+/// Implements [`OwnTable`] for a database; `$age` turns a duration into the value its
+/// statements bind, `$limit` the row limit.
 macro_rules! own_table {
-    ($feature:literal, $db:ty, |$age:ident, $limit:ident| $bind:expr) => {
+    ($feature:literal, $db:ty, |$a:ident| $age:expr, |$l:ident| $limit:expr) => {
         #[cfg(feature = $feature)]
         impl OwnTable for $db {
+            fn bind_age(query: Query<Self>, $a: Duration) -> Query<Self> {
+                query.bind($age)
+            }
+
+            fn rows_affected(done: &Self::QueryResult) -> u64 {
+                done.rows_affected()
+            }
+
             async fn run_purge(
                 pool: &sqlx::Pool<Self>,
                 query: Query<Self>,
-                $age: Duration,
-                $limit: u32,
+                age: Duration,
+                $l: u32,
             ) -> Result<u64, sqlx::Error> {
-                let (age, limit) = $bind;
-                let done = query.bind(age).bind(limit).execute(pool).await?;
-                Ok(done.rows_affected())
+                let done = Self::bind_age(query, age)
+                    .bind($limit)
+                    .execute(pool)
+                    .await?;
+                Ok(Self::rows_affected(&done))
             }
         }
     };
 }
 
-own_table!("postgres", sqlx::Postgres, |age, limit| (
-    clamp(age.as_millis()) as f64,
-    i64::from(limit)
-));
-own_table!("mysql", sqlx::MySql, |age, limit| (
-    clamp(age.as_micros()),
-    limit
-));
-own_table!("sqlite", sqlx::Sqlite, |age, limit| (
-    clamp(age.as_millis()),
-    limit
-));
+own_table!(
+    "postgres",
+    sqlx::Postgres,
+    |age| clamp(age.as_millis()) as f64,
+    |limit| i64::from(limit)
+);
+own_table!(
+    "mysql",
+    sqlx::MySql,
+    |age| clamp(age.as_micros()),
+    |limit| limit
+);
+own_table!(
+    "sqlite",
+    sqlx::Sqlite,
+    |age| clamp(age.as_millis()),
+    |limit| limit
+);
 
 /// An age in the statement's unit; ages beyond `i64` (292 000 years in microseconds) mean
 /// "everything".

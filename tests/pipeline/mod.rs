@@ -4,6 +4,8 @@
 //! through the library, and a receipts handler like the example's.
 #![allow(dead_code)]
 
+pub mod clients;
+
 use std::{
     collections::{HashMap, HashSet},
     future::Future,

@@ -409,6 +409,11 @@ impl Server {
         self.child.start_kill().expect("SIGKILL");
         self.child.wait().await.expect("wait");
     }
+
+    /// How the process ended, if it did (nobody killed it: it gave up by itself).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
 }
 
 impl Http {

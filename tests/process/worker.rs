@@ -66,6 +66,11 @@ impl Worker {
         self.child.wait().await.expect("wait");
     }
 
+    /// How the process ended, if it did (nobody killed it: it gave up by itself).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
     /// SIGTERM, then waits for the exit; returns whether it exited successfully.
     pub async fn terminate(mut self) -> bool {
         let pid = self.child.id().expect("running").to_string();

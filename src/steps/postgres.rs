@@ -1,0 +1,105 @@
+//! The step journal on PostgreSQL: its statements.
+
+use sqlx::Postgres;
+
+use super::sql::{sealed::Dialect, SqlJournal, Statements, DEFAULT_TABLE};
+use crate::{
+    sql::{self, statement, InvalidIdentifier, TableName},
+    store::{PostgresStore, StoreError},
+};
+
+/// The step journal on PostgreSQL, in the database of a [`PostgresStore`]. Clones share the
+/// pool.
+///
+/// ```no_run
+/// use tower_idempotency::{steps::PostgresJournal, store::PostgresStore};
+///
+/// # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::new(pool);
+/// store.migrate().await?;
+/// let journal = PostgresJournal::for_store(&store);
+/// journal.migrate().await?;
+/// # Ok(()) }
+/// ```
+pub type PostgresJournal = SqlJournal<Postgres>;
+
+impl Dialect for Postgres {
+    const BACKEND: &'static str = "postgres";
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn statements(table: TableName, records: &TableName) -> Statements {
+        let (t, r) = (table.as_str(), records.as_str());
+        let index = table.derived("expires_at_idx");
+        Statements {
+            schema: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+    scope       TEXT COLLATE \"C\" NOT NULL,
+    key         TEXT COLLATE \"C\" NOT NULL,
+    step        TEXT COLLATE \"C\" NOT NULL,
+    fingerprint BYTEA            NOT NULL,
+    output      BYTEA            NOT NULL,
+    expires_at  TIMESTAMPTZ      NOT NULL,
+    PRIMARY KEY (scope, key, step)
+)"
+                ),
+                format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"),
+            ],
+            // FOR SHARE: a takeover (the claim's `ON CONFLICT DO UPDATE` takes the row's
+            // lock) waits until this transaction ends, and one that committed first is
+            // seen: under READ COMMITTED a locking read re-checks the newest row version.
+            fence: statement(format!(
+                "SELECT 1 FROM {r}
+    WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > now()
+    FOR SHARE"
+            )),
+            append: statement(format!(
+                "INSERT INTO {t} (scope, key, step, fingerprint, output, expires_at)
+    VALUES ($1, $2, $3, $4, $5, now() + $6 * interval '1 millisecond')
+    ON CONFLICT (scope, key, step) DO UPDATE
+        SET fingerprint = excluded.fingerprint,
+            output = excluded.output,
+            expires_at = excluded.expires_at"
+            )),
+            entries: statement(format!(
+                "SELECT step, output FROM {t}
+    WHERE scope = $1 AND key = $2 AND fingerprint = $3 AND expires_at > now()"
+            )),
+            purge: statement(format!(
+                "DELETE FROM {t} WHERE ctid IN (
+    SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
+) AND expires_at <= now()"
+            )),
+            table,
+        }
+    }
+}
+
+impl PostgresJournal {
+    /// The journal in table [`DEFAULT_TABLE`](super::DEFAULT_TABLE), beside `store`'s records.
+    pub fn for_store(store: &PostgresStore) -> Self {
+        let table = TableName::new(DEFAULT_TABLE).expect("the default table name is valid");
+        Self::assemble(store.pool().clone(), table, store.table())
+    }
+
+    /// The journal in table `table` (optionally `schema.table`), beside `store`'s records.
+    pub fn with_table(store: &PostgresStore, table: &str) -> Result<Self, InvalidIdentifier> {
+        Ok(Self::assemble(
+            store.pool().clone(),
+            TableName::new(table)?,
+            store.table(),
+        ))
+    }
+
+    /// Creates the table and its index if they do not exist (safe from many processes at
+    /// once, like [`PostgresStore::migrate`]).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let schema = self.schema_sql().join(";\n");
+        sql::migrate_postgres(self.pool(), self.table().as_str(), &schema)
+            .await
+            .map_err(|e| sql::backend("postgres", e))
+    }
+}

@@ -1,0 +1,89 @@
+//! The step journal on SQLite: its statements.
+
+use sqlx::Sqlite;
+
+use super::sql::{sealed::Dialect, SqlJournal, Statements, DEFAULT_TABLE};
+use crate::{
+    sql::{self, statement, InvalidIdentifier, TableName},
+    store::{sqlite::NOW_MS, SqliteStore, StoreError},
+};
+
+/// The step journal on SQLite, in the database file of a [`SqliteStore`]. Clones share the
+/// pool. A step's transaction starts with `BEGIN IMMEDIATE`: it holds the database's one write
+/// lock from its fence to its commit, so no takeover can come in between.
+pub type SqliteJournal = SqlJournal<Sqlite>;
+
+impl Dialect for Sqlite {
+    const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+    const BACKEND: &'static str = "sqlite";
+
+    fn rows_affected(done: &Self::QueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn statements(table: TableName, records: &TableName) -> Statements {
+        let (t, r) = (table.as_str(), records.as_str());
+        let index = table.derived("expires_at_idx");
+        Statements {
+            schema: vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+    scope       TEXT    NOT NULL,
+    \"key\"       TEXT    NOT NULL,
+    step        TEXT    NOT NULL,
+    fingerprint BLOB    NOT NULL,
+    output      BLOB    NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (scope, \"key\", step)
+)"
+                ),
+                format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"),
+            ],
+            fence: statement(format!(
+                "SELECT 1 FROM {r}
+    WHERE scope = ?1 AND \"key\" = ?2 AND token = ?3 AND expires_at > {NOW_MS}"
+            )),
+            append: statement(format!(
+                "INSERT INTO {t} (scope, \"key\", step, fingerprint, output, expires_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, {NOW_MS} + ?6)
+    ON CONFLICT (scope, \"key\", step) DO UPDATE
+        SET fingerprint = excluded.fingerprint,
+            output = excluded.output,
+            expires_at = excluded.expires_at"
+            )),
+            entries: statement(format!(
+                "SELECT step, output FROM {t}
+    WHERE scope = ?1 AND \"key\" = ?2 AND fingerprint = ?3 AND expires_at > {NOW_MS}"
+            )),
+            purge: statement(format!(
+                "DELETE FROM {t} WHERE rowid IN (
+    SELECT rowid FROM {t} WHERE expires_at <= {NOW_MS} LIMIT ?1)"
+            )),
+            table,
+        }
+    }
+}
+
+impl SqliteJournal {
+    /// The journal in table [`DEFAULT_TABLE`](super::DEFAULT_TABLE), beside `store`'s records.
+    pub fn for_store(store: &SqliteStore) -> Self {
+        let table = TableName::new(DEFAULT_TABLE).expect("the default table name is valid");
+        Self::assemble(store.pool().clone(), table, store.table())
+    }
+
+    /// The journal in table `table`, beside `store`'s records.
+    pub fn with_table(store: &SqliteStore, table: &str) -> Result<Self, InvalidIdentifier> {
+        Ok(Self::assemble(
+            store.pool().clone(),
+            TableName::new(table)?,
+            store.table(),
+        ))
+    }
+
+    /// Creates the table and its index if they do not exist.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sql::execute_each(self.pool(), self.schema_sql())
+            .await
+            .map_err(|e| sql::backend("sqlite", e))
+    }
+}

@@ -1,0 +1,330 @@
+//! The pipeline fault harness (issue 32): the `payments` service (its relay inside), a
+//! separate `outbox_relay` and two `receipts` consumers as real processes on PostgreSQL;
+//! clients that send every key twice and retry until 201; a nemesis that SIGKILLs processes,
+//! takes the broker away (a proxy of the test's own in front of RabbitMQ cuts every
+//! connection; a `nats-server -js` of the test's own is SIGKILLed and restarted), takes the
+//! consumers' database away (a proxy in front of PostgreSQL) and plants poison outbox rows.
+//! The checker counts in the database: one receipt per payment, nothing unsent, nothing
+//! dead-lettered, no process that gave up.
+//!
+//! One test per broker and fault kind, `PIPELINE_FAULTS_SECS` seconds of new payments each
+//! (default 8); the tests take turns. `scripts/bench.d/pipeline-faults.sh` runs every kind at
+//! once, long, and prints the rows of BENCHMARKS.md ("Pipeline faults").
+//!
+//! Each test names the mutant it catches: a change to the library, applied by hand, run, seen
+//! failing, reverted.
+#![cfg(all(feature = "postgres", feature = "amqp", feature = "nats"))]
+
+mod pipeline;
+mod process;
+
+#[path = "common/nats_server.rs"]
+mod nats_server;
+#[path = "common/proxy.rs"]
+mod proxy;
+
+#[path = "pipeline_faults/checker.rs"]
+mod checker;
+#[path = "pipeline_faults/fleet.rs"]
+mod fleet;
+#[path = "pipeline_faults/links.rs"]
+mod links;
+#[path = "pipeline_faults/nemesis.rs"]
+mod nemesis;
+
+use std::{
+    collections::HashSet,
+    sync::{atomic::AtomicBool, Arc},
+    time::Duration,
+};
+
+use checker::Report;
+use fleet::{Fleet, Role};
+use links::{BrokerLink, DatabaseLink};
+use nemesis::{Fault, Nemesis};
+use pipeline::{
+    clients::{pay_twice, Ledger},
+    with_empty_schema, TestBroker,
+};
+use process::{shared::require_all, unique};
+use tokio::task::JoinSet;
+use tower_idempotency::outbox::PgOutbox;
+
+/// One run at a time: each starts four processes, and the machine has two cores.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// What a run does.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub kinds: Vec<Fault>,
+    /// How long the clients start new payments.
+    pub duration: Duration,
+    pub broker_outage: Duration,
+    pub database_outage: Duration,
+}
+
+impl Plan {
+    /// `kinds`, `PIPELINE_FAULTS_SECS` (default 8) of payments, a 5 s broker outage and a
+    /// 10 s database outage.
+    pub fn new(kinds: &[Fault]) -> Self {
+        let secs = std::env::var("PIPELINE_FAULTS_SECS")
+            .ok()
+            .and_then(|secs| secs.parse().ok())
+            .unwrap_or(8);
+        Self {
+            kinds: kinds.to_vec(),
+            duration: Duration::from_secs(secs),
+            broker_outage: Duration::from_secs(5),
+            database_outage: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The examples' environment, all processes alike: the crash windows of
+/// `payments_pipeline.rs` (a charge written and not committed, events confirmed and not
+/// marked sent, a receipt written and not committed), and the refusal policy short enough
+/// for a poison row to be parked within a run.
+fn env(broker: &TestBroker, broker_url: &str, database_url: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = broker
+        .env()
+        .into_iter()
+        .map(|(var, value)| match var.as_str() {
+            "AMQP_URL" | "NATS_URL" => (var, broker_url.to_owned()),
+            _ => (var, value),
+        })
+        .collect();
+    for (var, value) in [
+        ("DATABASE_URL", database_url),
+        ("IDEMPOTENCY_MODE", "transactional"),
+        ("PAYMENTS_DELAY_AFTER_CHARGE_MS", "100"),
+        ("OUTBOX_CONFIRM_DELAY_MS", "300"),
+        ("OUTBOX_POLL_MS", "200"),
+        ("OUTBOX_REFUSAL_ATTEMPTS", "3"),
+        ("OUTBOX_REFUSAL_DELAY_MS", "200"),
+        ("RECEIPTS_DELAY_MS", "300"),
+        ("RECEIPTS_CONCURRENCY", "4"),
+    ] {
+        env.push((var.into(), value.into()));
+    }
+    env
+}
+
+/// Runs `plan` with `broker` reached through `link`, checks, prints the table row; returns
+/// the report for the test to judge (`None`: skipped, no PostgreSQL).
+async fn run(broker: TestBroker, link: BrokerLink, plan: Plan) -> Option<Report> {
+    let _turn = TURN.lock().await;
+    let link = Arc::new(link);
+    let outcome = Arc::new(std::sync::Mutex::new(None));
+    let kept = outcome.clone();
+    with_empty_schema(broker, |shared, broker| async move {
+        let ledger = Ledger::new(&shared).await;
+        let database = Arc::new(DatabaseLink::new(&ledger.url).await);
+        let direct = env(&broker, link.url(), &ledger.url);
+        let proxied = env(&broker, link.url(), &database.url);
+        let fleet = Arc::new(
+            Fleet::start(
+                direct.clone(),
+                vec![
+                    (Role::Relay, direct),
+                    (Role::Receipts, proxied.clone()),
+                    (Role::Receipts, proxied),
+                ],
+            )
+            .await,
+        );
+        // The poison rows' table must exist before they are planted: the payments process
+        // created it when it started.
+        let outbox = PgOutbox::new(ledger.pool.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        let nemesis = tokio::spawn(
+            Nemesis {
+                fleet: fleet.clone(),
+                broker: link.clone(),
+                database,
+                outbox: (ledger.pool.clone(), outbox),
+                kinds: plan.kinds.clone(),
+                broker_outage: plan.broker_outage,
+                database_outage: plan.database_outage,
+            }
+            .run(stop.clone()),
+        );
+
+        let keys = plan.duration.as_millis() / 200;
+        let mut clients = JoinSet::new();
+        for i in 0..keys {
+            let current = fleet.payments();
+            clients.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200 * i as u64)).await;
+                pay_twice(current, format!("key-{}", unique()), i % 2 == 0).await
+            });
+        }
+        let created: HashSet<String> = clients.join_all().await.into_iter().collect();
+        assert_eq!(created.len() as u128, keys, "one payment per key");
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let faults = nemesis.await.expect("the nemesis");
+
+        let mut report = checker::check(
+            &ledger,
+            &broker,
+            &fleet,
+            &created,
+            &faults,
+            Duration::from_secs(60),
+        )
+        .await;
+        report.secs = plan.duration.as_secs();
+        println!("pipeline-faults-row: {}", report.row());
+        if report.failures().is_empty() {
+            Arc::into_inner(fleet)
+                .expect("the nemesis let go of the fleet")
+                .terminate()
+                .await;
+        }
+        *kept.lock().unwrap() = Some(report);
+    })
+    .await;
+    let report = outcome.lock().unwrap().take();
+    report
+}
+
+/// Fails with `report`'s failures, if any.
+fn assert_passed(report: &Report) {
+    let failures = report.failures();
+    assert!(failures.is_empty(), "{failures:?}\n{report:#?}");
+    assert!(report.payments > 0, "no payment was made");
+}
+
+/// A run of `kinds` on RabbitMQ behind the test's proxy (`None`: skipped).
+async fn on_rabbitmq(kinds: &[Fault]) -> Option<Report> {
+    let broker = TestBroker::amqp()?;
+    let TestBroker::Amqp { url, .. } = &broker else {
+        unreachable!()
+    };
+    let link = BrokerLink::amqp(url).await;
+    run(broker, link, Plan::new(kinds)).await
+}
+
+/// A run of `kinds` on a NATS server of the test's own (`None`: skipped). An ack wait
+/// shorter than a handler, so every event also reaches the other consumer while its first
+/// copy is being handled.
+async fn on_nats(kinds: &[Fault]) -> Option<Report> {
+    let broker = TestBroker::nats(Duration::from_millis(500))?;
+    let link = BrokerLink::nats(require_all())?;
+    run(broker, link, Plan::new(kinds)).await
+}
+
+/// Mutant: the inbox claim answers `New` for a message id it has seen (src/inbox/postgres.rs,
+/// the claim statement's `ON CONFLICT` branch taken as new) -> fails with payments with two
+/// receipts (a relay killed between the broker's confirm and the commit publishes again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_kills() {
+    if let Some(report) = on_rabbitmq(&[Fault::Kill]).await {
+        assert_passed(&report);
+    }
+}
+
+/// Same mutant as [`rabbitmq_kills`]; here the ack wait alone delivers copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_kills() {
+    if let Some(report) = on_nats(&[Fault::Kill]).await {
+        assert_passed(&report);
+    }
+}
+
+/// Mutant: no reconnect (src/broker/nats.rs `connect`: `max_reconnects(1)` on the client's
+/// options) -> fails with `payment.created` rows never sent and payments without a receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_broker_restarts() {
+    if let Some(report) = on_nats(&[Fault::BrokerOutage]).await {
+        assert_passed(&report);
+    }
+}
+
+/// Mutant: main before the reconnecting publisher and subscriber (one lapin channel for
+/// life) -> the consumers exit ("receipts stopped: amqp: could not receive").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the reconnecting AMQP publisher and subscriber (issue 32, pipe-brokers)"]
+async fn rabbitmq_broker_cuts() {
+    if let Some(report) = on_rabbitmq(&[Fault::BrokerOutage]).await {
+        assert_passed(&report);
+    }
+}
+
+/// Mutant: infrastructure errors counted as handler attempts (main before issue 32:
+/// `Failure::database` is a `Failure::Retry`) -> fails with messages dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
+async fn rabbitmq_database_outage() {
+    if let Some(report) = on_rabbitmq(&[Fault::DatabaseOutage]).await {
+        assert_passed(&report);
+        assert!(
+            report.turned_away > 0,
+            "the consumers never tried the database"
+        );
+    }
+}
+
+/// Same mutant as [`rabbitmq_database_outage`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
+async fn nats_database_outage() {
+    if let Some(report) = on_nats(&[Fault::DatabaseOutage]).await {
+        assert_passed(&report);
+        assert!(
+            report.turned_away > 0,
+            "the consumers never tried the database"
+        );
+    }
+}
+
+/// Mutant: one refused row fails its whole batch (src/outbox/sql_outbox.rs `accepted`
+/// returns an error on a refusal) -> fails with `payment.created` rows never sent. Mutant:
+/// parking off -> fails with poison rows neither sent nor parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs parked outbox rows (issue 32, pipe-outbox) and OUTBOX_REFUSAL_ATTEMPTS / \
+            OUTBOX_REFUSAL_DELAY_MS in the examples (pipe-brokers)"]
+async fn rabbitmq_poison_rows() {
+    if let Some(report) = on_rabbitmq(&[Fault::Poison]).await {
+        assert_passed(&report);
+        assert_eq!(report.unparked(), 0, "poison rows neither sent nor parked");
+    }
+}
+
+/// Same mutants as [`rabbitmq_poison_rows`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs parked outbox rows (pipe-outbox) and, in the examples, OUTBOX_REFUSAL_* and \
+            a NATS route that sends topics other than payment.created to a subject of their \
+            own, which no stream covers (pipe-brokers)"]
+async fn nats_poison_rows() {
+    if let Some(report) = on_nats(&[Fault::Poison]).await {
+        assert_passed(&report);
+        assert_eq!(report.unparked(), 0, "poison rows neither sent nor parked");
+    }
+}
+
+/// Every kind at once, for `scripts/bench.d/pipeline-faults.sh`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the long run: scripts/bench.d/pipeline-faults.sh"]
+async fn rabbitmq_every_fault() {
+    if let Some(report) = on_rabbitmq(&ALL).await {
+        assert_passed(&report);
+        assert_eq!(report.unparked(), 0, "poison rows neither sent nor parked");
+    }
+}
+
+/// Every kind at once, for `scripts/bench.d/pipeline-faults.sh`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the long run: scripts/bench.d/pipeline-faults.sh"]
+async fn nats_every_fault() {
+    if let Some(report) = on_nats(&ALL).await {
+        assert_passed(&report);
+        assert_eq!(report.unparked(), 0, "poison rows neither sent nor parked");
+    }
+}
+
+const ALL: [Fault; 4] = [
+    Fault::Kill,
+    Fault::BrokerOutage,
+    Fault::DatabaseOutage,
+    Fault::Poison,
+];
