@@ -386,8 +386,8 @@ async fn assert_one_receipt(db: &Db, committed: &HashSet<String>) {
     assert!(receipts.values().all(|&n| n == 1), "{receipts:?}");
 }
 
-// mutant: the inbox claim always answers New (no inbox) -> fails with two receipts for the
-// payment.
+// mutant: the inbox claim always answers New (no inbox) -> fails: the handler committed twice
+// (two receipts for the payment).
 #[tokio::test]
 async fn without_heartbeat_a_slow_handler_s_message_reaches_the_second_consumer_and_runs_once() {
     slow_handler_on_two_consumers(false).await;
