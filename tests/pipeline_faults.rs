@@ -254,9 +254,10 @@ async fn rabbitmq_broker_cuts() {
     }
 }
 
-/// Mutant: infrastructure errors counted as handler attempts (the inbox before issue 32,
-/// which the long run without the fix shows: 27 dead-lettered, 16 payments without a receipt
-/// on RabbitMQ; 107 and 105 on NATS) -> fails with messages dead-lettered.
+/// Mutant: infrastructure failures counted as attempts (src/inbox/consumer.rs `decide`:
+/// `Failure::Infrastructure` dead-letters once the broker's delivery count reaches
+/// `max_attempts`, else gives the delivery back: the inbox before issue 32) -> fails with "16
+/// payments without a receipt", "16 messages dead-lettered".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_database_outage() {
     if let Some(report) = on_rabbitmq(&[Fault::DatabaseOutage]).await {
@@ -268,7 +269,8 @@ async fn rabbitmq_database_outage() {
     }
 }
 
-/// Same mutant as [`rabbitmq_database_outage`].
+/// Same mutant as [`rabbitmq_database_outage`] -> fails with "33 payments without a
+/// receipt", "33 messages dead-lettered".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_database_outage() {
     if let Some(report) = on_nats(&[Fault::DatabaseOutage]).await {
