@@ -60,7 +60,7 @@
 //!   contiguous prefix of settled offsets.
 //! - **Only the handler spends attempts.** The broker's delivery count
 //!   ([`Delivery::delivery_count`]) also rises when a connection drops or a consumer dies, so
-//!   it is no budget: the [inbox consumer](crate::inbox::Consumer) counts handler failures in
+//!   it is no budget: the inbox consumer (`inbox::Consumer`, with a SQL feature) counts handler failures in
 //!   its database and dead-letters on that count. The brokers' own limits (RabbitMQ
 //!   `x-delivery-limit`, NATS `max_deliver`, SQS `maxReceiveCount`) are a high backstop only,
 //!   against a message that kills its consumer every time.
