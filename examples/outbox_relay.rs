@@ -52,24 +52,36 @@ async fn main() -> ExitCode {
     pipeline::main("outbox_relay", run()).await
 }
 
+/// What the first connection does, for the log while it is tried again.
+const DATABASE: &str = "connecting to the database and creating the outbox table";
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::from_env()?;
     let config = pipeline::relay_config()?;
     let delay = Duration::from_millis(pipeline::number("OUTBOX_CONFIRM_DELAY_MS", 0)?);
     match Database::from_env()? {
         Database::Postgres(url) => {
-            let outbox = PgOutbox::new(sqlx::PgPool::connect(&url).await?);
-            outbox.migrate().await?;
+            let outbox = pipeline::retry_start(DATABASE, || async {
+                let outbox = PgOutbox::new(sqlx::PgPool::connect(&url).await?);
+                outbox.migrate().await.map(|()| outbox)
+            })
+            .await?;
             relay(outbox, broker, config, delay).await
         }
         Database::MySql(url) => {
-            let outbox = MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?);
-            outbox.migrate().await?;
+            let outbox = pipeline::retry_start(DATABASE, || async {
+                let outbox = MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?);
+                outbox.migrate().await.map(|()| outbox)
+            })
+            .await?;
             relay(outbox, broker, config, delay).await
         }
         Database::Sqlite(url) => {
-            let outbox = SqliteOutbox::new(pipeline::sqlite_pool(&url, 2).await?);
-            outbox.migrate().await?;
+            let outbox = pipeline::retry_start(DATABASE, || async {
+                let outbox = SqliteOutbox::new(pipeline::sqlite_pool(&url, 2).await?);
+                outbox.migrate().await.map(|()| outbox)
+            })
+            .await?;
             relay(outbox, broker, config, delay).await
         }
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 #[path = "../common/mod.rs"]
 mod common;
 #[allow(unused_imports)] // each example uses a part
-pub use common::{drain, init_logs, number, shutdown_signal, var};
+pub use common::{drain, init_logs, number, retry_start, shutdown_signal, var};
 
 use tower_idempotency::{
     broker::{
@@ -88,26 +88,35 @@ impl Broker {
         }
     }
 
-    /// Connects a relay's publisher (declaring the topology) and says where it publishes,
-    /// for the startup log: `RabbitMQ exchange payments` or `NATS JetStream stream PAYMENTS`.
-    pub async fn publisher(self) -> Result<(Box<dyn Publisher>, String), BrokerError> {
+    /// Connects a relay's publisher (declaring the topology), trying again while the broker
+    /// cannot be reached ([`retry_start`]), and says where it publishes, for the startup log:
+    /// `RabbitMQ exchange payments` or `NATS JetStream stream PAYMENTS`. Once connected, the
+    /// publisher reconnects by itself.
+    pub async fn publisher(&self) -> Result<(Box<dyn Publisher>, String), BrokerError> {
+        retry_start("connecting to the broker", || self.connect_publisher()).await
+    }
+
+    async fn connect_publisher(&self) -> Result<(Box<dyn Publisher>, String), BrokerError> {
         Ok(match self {
             Broker::Amqp { url, topology } => (
-                Box::new(AmqpPublisher::connect(&url, &topology).await?),
+                Box::new(AmqpPublisher::connect(url, topology).await?),
                 format!("RabbitMQ exchange {}", topology.exchange),
             ),
             Broker::Nats {
                 url,
                 topology,
                 subject,
-            } => (
-                Box::new(
-                    NatsPublisher::connect(&url, &topology)
-                        .await?
-                        .route(move |_| subject.clone()),
-                ),
-                format!("NATS JetStream stream {}", topology.stream),
-            ),
+            } => {
+                let subject = subject.clone();
+                (
+                    Box::new(
+                        NatsPublisher::connect(url, topology)
+                            .await?
+                            .route(move |_| subject.clone()),
+                    ),
+                    format!("NATS JetStream stream {}", topology.stream),
+                )
+            }
         })
     }
 }

@@ -92,6 +92,22 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         message_id: &str,
     ) -> Result<InboxClaim, InboxError>;
 
-    /// Deletes at most `limit` ids received more than `retention` ago; returns how many.
+    /// Deletes at most `limit` ids received more than `retention` ago, and as many failure
+    /// counts last bumped that long ago; returns how many rows went.
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError>;
+
+    /// Counts one more failure of the handler on `message_id` for `consumer`, in a statement
+    /// of its own (the handler's transaction was rolled back), and returns the count so far.
+    /// The count lives in the database, beside the inbox: it survives redeliveries,
+    /// restarts and other consumers, and only handler failures raise it.
+    async fn count_failure(&self, consumer: &str, message_id: &str) -> Result<u32, InboxError>;
+
+    /// The handler failures counted so far on `message_id` for `consumer`, read in the
+    /// caller's transaction.
+    async fn failures(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<u32, InboxError>;
 }
