@@ -243,7 +243,6 @@ async fn nats_broker_restarts() {
 /// Mutant: main before the reconnecting publisher and subscriber (one lapin channel for
 /// life) -> the consumers exit ("receipts stopped: amqp: could not receive").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the reconnecting AMQP publisher and subscriber (issue 32, pipe-brokers)"]
 async fn rabbitmq_broker_cuts() {
     if let Some(report) = on_rabbitmq(&[Fault::BrokerOutage]).await {
         assert_passed(&report);
@@ -253,7 +252,6 @@ async fn rabbitmq_broker_cuts() {
 /// Mutant: infrastructure errors counted as handler attempts (main before issue 32:
 /// `Failure::database` is a `Failure::Retry`) -> fails with messages dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
 async fn rabbitmq_database_outage() {
     if let Some(report) = on_rabbitmq(&[Fault::DatabaseOutage]).await {
         assert_passed(&report);
@@ -266,7 +264,6 @@ async fn rabbitmq_database_outage() {
 
 /// Same mutant as [`rabbitmq_database_outage`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
 async fn nats_database_outage() {
     if let Some(report) = on_nats(&[Fault::DatabaseOutage]).await {
         assert_passed(&report);
@@ -281,8 +278,6 @@ async fn nats_database_outage() {
 /// returns an error on a refusal) -> fails with `payment.created` rows never sent. Mutant:
 /// parking off -> fails with poison rows neither sent nor parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs parked outbox rows (issue 32, pipe-outbox) and OUTBOX_REFUSAL_ATTEMPTS / \
-            OUTBOX_REFUSAL_DELAY_MS in the examples (pipe-brokers)"]
 async fn rabbitmq_poison_rows() {
     if let Some(report) = on_rabbitmq(&[Fault::Poison]).await {
         assert_passed(&report);
@@ -292,9 +287,6 @@ async fn rabbitmq_poison_rows() {
 
 /// Same mutants as [`rabbitmq_poison_rows`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs parked outbox rows (pipe-outbox) and, in the examples, OUTBOX_REFUSAL_* and \
-            a NATS route that sends topics other than payment.created to a subject of their \
-            own, which no stream covers (pipe-brokers)"]
 async fn nats_poison_rows() {
     if let Some(report) = on_nats(&[Fault::Poison]).await {
         assert_passed(&report);
