@@ -97,11 +97,11 @@ fn env(broker: &TestBroker, broker_url: &str, database_url: &str) -> Vec<(String
         ("DATABASE_URL", database_url),
         ("IDEMPOTENCY_MODE", "transactional"),
         ("PAYMENTS_DELAY_AFTER_CHARGE_MS", "100"),
-        ("OUTBOX_CONFIRM_DELAY_MS", "300"),
+        ("OUTBOX_CONFIRM_DELAY_MS", "500"),
         ("OUTBOX_POLL_MS", "200"),
         ("OUTBOX_REFUSAL_ATTEMPTS", "3"),
         ("OUTBOX_REFUSAL_DELAY_MS", "200"),
-        ("RECEIPTS_DELAY_MS", "300"),
+        ("RECEIPTS_DELAY_MS", "800"),
         ("RECEIPTS_CONCURRENCY", "4"),
     ] {
         env.push((var.into(), value.into()));
@@ -274,18 +274,29 @@ async fn nats_database_outage() {
     }
 }
 
-/// Mutant: one refused row fails its whole batch (src/outbox/sql_outbox.rs `accepted`
-/// returns an error on a refusal) -> fails with `payment.created` rows never sent. Mutant:
-/// parking off -> fails with poison rows neither sent nor parked.
+/// Mutant: one refused row fails its whole batch (src/outbox/sql_outbox.rs: a refusal
+/// answered as a batch error) -> fails with `payment.created` rows never sent and payments
+/// without a receipt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rabbitmq_poison_rows() {
+async fn rabbitmq_poison_rows_hold_back_nothing() {
+    if let Some(report) = on_rabbitmq(&[Fault::Poison]).await {
+        assert_passed(&report);
+        assert!(report.planted > 0, "no poison row was planted");
+    }
+}
+
+/// Mutant: parking off (the refusal that reaches the limit not parking) -> fails with poison
+/// rows neither sent nor parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_poison_rows_are_parked() {
     if let Some(report) = on_rabbitmq(&[Fault::Poison]).await {
         assert_passed(&report);
         assert_eq!(report.unparked(), 0, "poison rows neither sent nor parked");
     }
 }
 
-/// Same mutants as [`rabbitmq_poison_rows`].
+/// Same mutants as [`rabbitmq_poison_rows_hold_back_nothing`] and
+/// [`rabbitmq_poison_rows_are_parked`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_poison_rows() {
     if let Some(report) = on_nats(&[Fault::Poison]).await {

@@ -379,3 +379,57 @@ macro_rules! journal_tests {
 
 journal_tests!(postgres, postgres, sqlx::Postgres);
 journal_tests!(sqlite, sqlite, sqlx::Sqlite);
+
+/// The memory journal (foreign calls only): a retry after a failure does not call again, and
+/// an owner whose key was forgotten and claimed anew cannot journal.
+#[tokio::test]
+async fn memory_journal_resumes_and_fences() {
+    use tower_idempotency::{steps::MemoryJournal, store::MemoryStore};
+    let store = MemoryStore::new();
+    let journal = MemoryJournal::for_store(&store);
+    let engine = Engine::new(store.clone());
+    let key = StoreKey::new("alice", unique());
+    let fingerprint = Fingerprint::of([b"mail".as_slice()]);
+    let calls = Arc::new(AtomicUsize::new(0));
+    for attempt in 0..2 {
+        let calls = calls.clone();
+        let result = engine
+            .run_steps(
+                journal.clone(),
+                key.clone(),
+                fingerprint,
+                |steps| async move {
+                    let sent: String = steps
+                        .foreign("send", |derived| async move {
+                            calls.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, std::io::Error>(derived)
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if attempt == 0 {
+                        return Err("failed after sending".to_owned());
+                    }
+                    Ok(Bytes::from(sent))
+                },
+            )
+            .await;
+        assert_eq!(result.is_ok(), attempt == 1, "{result:?}");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let other = StoreKey::new("alice", unique());
+    let Begin::Run(old) = engine.begin(other.clone(), fingerprint).await.unwrap() else {
+        panic!("the first claim runs")
+    };
+    let steps = Steps::resume(journal.clone(), KeyOwner::of(&old))
+        .await
+        .unwrap();
+    store.forget(&other).await.unwrap();
+    let Begin::Run(_new) = engine.begin(other, fingerprint).await.unwrap() else {
+        panic!("the key is free again")
+    };
+    let late = steps
+        .foreign("send", |_| async { Ok::<_, std::io::Error>(1) })
+        .await;
+    assert!(matches!(late, Err(StepError::Fenced { .. })), "{late:?}");
+}

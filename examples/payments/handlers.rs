@@ -4,14 +4,16 @@ use std::sync::atomic::Ordering;
 
 use axum::{
     extract::{Path, Request, State},
-    http::{header, Extensions, HeaderValue, Method, StatusCode},
+    http::{header, Extensions, HeaderMap, HeaderValue, Method, StatusCode},
     middleware::Next,
     response::{IntoResponse, Response},
     Json,
 };
 use bytes::Bytes;
 use serde::Deserialize;
-use tower_idempotency::{engine::ClaimStatus, version::RequireIfMatch, DoNotStore};
+use tower_idempotency::{
+    engine::ClaimStatus, steps::KeyOwner, version::RequireIfMatch, DoNotStore,
+};
 
 use crate::{payments::Payment, problem, App};
 
@@ -33,11 +35,22 @@ pub async fn require_caller(request: Request, next: Next) -> Response {
 }
 
 /// `POST /payments`: validate, then record exactly one charge.
-pub async fn create(State(app): State<App>, extensions: Extensions, body: Bytes) -> Response {
+pub async fn create(
+    State(app): State<App>,
+    headers: HeaderMap,
+    extensions: Extensions,
+    body: Bytes,
+) -> Response {
     let new = match parse(&body) {
         Ok(new) => new,
         Err(detail) => return problem::invalid_body(detail),
     };
+    if let Some(processor) = &app.processor {
+        let owner = extensions.get::<KeyOwner>();
+        return processor
+            .create(&headers, owner, new.amount, &new.currency)
+            .await;
+    }
     let call = app.create_calls.fetch_add(1, Ordering::SeqCst);
     if call < app.config.fail_first {
         return problem::processor_unavailable();

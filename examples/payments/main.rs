@@ -51,6 +51,10 @@
 //! | `OUTBOX_RELAY` | `0`: write outbox events but relay them from another process | `1` |
 //! | `OUTBOX_REFUSAL_ATTEMPTS` / `OUTBOX_REFUSAL_DELAY_MS` | refusals of one outbox row before it is parked / the first wait after a refusal (doubling up to 1 min) | 10 / 1000 |
 //! | `STARTUP_PATIENCE_SECS` | how long the first database and broker connections are tried again before the process gives up | 60 |
+//! | `PROCESSOR_URL` | charge through a card processor (`cargo run --example processor`) in steps with recovery points (`processor.rs`; separate mode, PostgreSQL or SQLite) | unset |
+//! | `PAYMENTS_STEPS` | `off`: call the processor without steps, a fresh key per attempt (the baseline that charges twice after a crash) | on |
+//! | `PAYMENTS_PAUSE_AT` | stop a request for good at a step boundary: `before-charge`, `after-charge`, `after-journal`, `after-local` (crash tests) | unset |
+//! | `PAYMENTS_DELAY_BETWEEN_STEPS_MS` | sleep at every step boundary | 0 |
 //!
 //! A bad value stops the process at start with a message naming the variable (`config.rs`).
 //!
@@ -83,6 +87,7 @@ mod payments;
 #[path = "../pipeline/mod.rs"]
 mod pipeline;
 mod problem;
+mod processor;
 mod sql_payments;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -103,6 +108,8 @@ pub struct App {
     config: Arc<Config>,
     /// Create calls so far in this process (for `PAYMENTS_FAIL_FIRST`).
     create_calls: Arc<std::sync::atomic::AtomicU64>,
+    /// `PROCESSOR_URL`: payments are charged downstream, in steps (`processor.rs`).
+    processor: Option<Arc<processor::Processor>>,
 }
 
 #[tokio::main]
@@ -141,7 +148,9 @@ async fn run() -> Result<(), backends::Error> {
     // Kept to wait for detached handlers at shutdown.
     let engine = idempotency.engine().clone();
 
+    let processor = processor::Processor::configured(backends.database.as_ref()).await?;
     let app = App {
+        processor,
         payments: backends.payments,
         config: Arc::new(config.clone()),
         create_calls: Arc::default(),

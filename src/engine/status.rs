@@ -32,6 +32,14 @@ pub struct ClaimStatus {
     flag: Arc<Flag>,
 }
 
+#[cfg(all(test, shuttle))]
+impl ClaimStatus {
+    /// A claim held for the next hour, for tests of what runs under a claim.
+    pub(crate) fn held() -> Self {
+        LostFlag::new(Instant::now() + std::time::Duration::from_secs(3600)).status()
+    }
+}
+
 /// The flag and the wake-up of those waiting for it.
 ///
 /// Not a `watch` channel: dropping a claim's last `watch::Sender` wakes the receivers to

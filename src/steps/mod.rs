@@ -41,7 +41,8 @@
 //!             .map_err(|e: StepError<std::io::Error>| e.to_string())?;
 //!         Ok::<_, String>(Bytes::from(format!("{id} {charge}")))
 //!     })
-//!     .await?;
+//!     .await
+//!     .map_err(|e| e.to_string())?;
 //! # let _ = outcome; Ok(()) }
 //! ```
 //!
@@ -85,6 +86,8 @@
 mod error;
 mod handle;
 mod journal;
+#[cfg(feature = "memory")]
+mod memory;
 mod owner;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -97,6 +100,8 @@ mod sqlite;
 pub use error::StepError;
 pub use handle::Steps;
 pub use journal::Journal;
+#[cfg(feature = "memory")]
+pub use memory::MemoryJournal;
 pub use owner::KeyOwner;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresJournal;

@@ -46,6 +46,10 @@ const CONTRACT_VARS: &[&str] = &[
     "OUTBOX_RELAY",
     "OUTBOX_POLL_MS",
     "PIPELINE_NAMESPACE",
+    "PROCESSOR_URL",
+    "PAYMENTS_STEPS",
+    "PAYMENTS_PAUSE_AT",
+    "PAYMENTS_DELAY_BETWEEN_STEPS_MS",
     "RUST_LOG",
 ];
 
@@ -68,6 +72,8 @@ pub struct Launch {
     /// A program and its arguments that run the example (e.g. `ip netns exec NS`); empty:
     /// the example runs directly.
     prefix: Vec<String>,
+    /// The example to run; `None`: `payments`.
+    program: Option<&'static str>,
 }
 
 impl Launch {
@@ -92,13 +98,20 @@ impl Launch {
         self
     }
 
+    /// Runs another example than `payments` (one that also logs `listening on http://ADDR`
+    /// and answers `GET /stats`, such as `processor`).
+    pub fn program(mut self, example: &'static str) -> Self {
+        self.program = Some(example);
+        self
+    }
+
     /// Starts the process and waits until it answers `GET /stats`.
     ///
     /// The example binds port 0 and the test reads the port from its start line: a port
     /// picked by the test and bound later by the example could be taken in between by a
     /// parallel test, whose server would then answer in this one's place.
     pub async fn start(self) -> Server {
-        let binary = example_binary("payments");
+        let binary = example_binary(self.program.unwrap_or("payments"));
         let mut command = match self.prefix.split_first() {
             None => Command::new(binary),
             Some((program, args)) => {

@@ -170,10 +170,15 @@ impl Shared {
 
     /// The rows in the `charges` table, counted directly in the database.
     pub async fn charge_rows(&self) -> i64 {
+        self.rows("charges").await
+    }
+
+    /// How many rows `table` of the shared database holds, counted behind the example's back.
+    pub async fn rows(&self, table: &str) -> i64 {
         let count = match self {
             Self::Postgres { admin, schema, .. } => {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT COUNT(*) FROM {schema}.charges"
+                    "SELECT COUNT(*) FROM {schema}.{table}"
                 )))
                 .fetch_one(admin)
                 .await
@@ -182,7 +187,7 @@ impl Shared {
                 admin, database, ..
             } => {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT COUNT(*) FROM {database}.charges"
+                    "SELECT COUNT(*) FROM {database}.{table}"
                 )))
                 .fetch_one(admin)
                 .await
@@ -191,14 +196,16 @@ impl Shared {
                 let pool = SqlitePool::connect(url)
                     .await
                     .expect("open the SQLite file");
-                let count = sqlx::query_scalar("SELECT COUNT(*) FROM charges")
-                    .fetch_one(&pool)
-                    .await;
+                let count = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {table}"
+                )))
+                .fetch_one(&pool)
+                .await;
                 pool.close().await;
                 count
             }
         };
-        count.expect("count the charge rows")
+        count.unwrap_or_else(|e| panic!("count the rows of {table}: {e}"))
     }
 
     async fn clean_up(self) {

@@ -183,6 +183,29 @@ impl MemoryStore {
         Ok(())
     }
 
+    /// Runs `write` while the key's live claim is held by `token`, under the key's lock: a
+    /// takeover of the key comes wholly before (and `write` does not run: a stale token) or
+    /// wholly after. The step journal's fence.
+    pub(crate) fn while_claimed<T>(
+        &self,
+        key: &StoreKey,
+        token: Token,
+        write: impl FnOnce(u64) -> T,
+    ) -> Result<T, StoreError> {
+        let digest = key.digest();
+        let now = self.now();
+        let mut shard = self.shard(&digest);
+        shard
+            .get_claimed(&digest, token, now)
+            .ok_or(StoreError::StaleToken)?;
+        Ok(write(now))
+    }
+
+    /// The store's clock, in milliseconds since it was built.
+    pub(crate) fn clock(&self) -> u64 {
+        self.now()
+    }
+
     /// Removes expired records from every shard until `limit` are gone; their count.
     fn sweep_all(&self, limit: u64) -> u64 {
         let now = self.now();
