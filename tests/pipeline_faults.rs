@@ -252,7 +252,6 @@ async fn rabbitmq_broker_cuts() {
 /// Mutant: infrastructure errors counted as handler attempts (main before issue 32:
 /// `Failure::database` is a `Failure::Retry`) -> fails with messages dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
 async fn rabbitmq_database_outage() {
     if let Some(report) = on_rabbitmq(&[Fault::DatabaseOutage]).await {
         assert_passed(&report);
@@ -265,7 +264,6 @@ async fn rabbitmq_database_outage() {
 
 /// Same mutant as [`rabbitmq_database_outage`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
 async fn nats_database_outage() {
     if let Some(report) = on_nats(&[Fault::DatabaseOutage]).await {
         assert_passed(&report);
@@ -290,8 +288,6 @@ async fn rabbitmq_poison_rows_hold_back_nothing() {
 /// Mutant: parking off (the refusal that reaches the limit not parking) -> fails with poison
 /// rows neither sent nor parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs OUTBOX_REFUSAL_ATTEMPTS / OUTBOX_REFUSAL_DELAY_MS in the examples \
-            (pipe-brokers): with the default policy a row parks after about 5 minutes"]
 async fn rabbitmq_poison_rows_are_parked() {
     if let Some(report) = on_rabbitmq(&[Fault::Poison]).await {
         assert_passed(&report);
@@ -302,9 +298,6 @@ async fn rabbitmq_poison_rows_are_parked() {
 /// Same mutants as [`rabbitmq_poison_rows_hold_back_nothing`] and
 /// [`rabbitmq_poison_rows_are_parked`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs, in the examples, OUTBOX_REFUSAL_* and \
-            a NATS route that sends topics other than payment.created to a subject of their \
-            own, which no stream covers (pipe-brokers)"]
 async fn nats_poison_rows() {
     if let Some(report) = on_nats(&[Fault::Poison]).await {
         assert_passed(&report);
