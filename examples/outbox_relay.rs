@@ -12,7 +12,9 @@
 //! `pipeline/mod.rs`), `OUTBOX_POLL_MS` (polling fallback, default 1000),
 //! `OUTBOX_CONFIRM_DELAY_MS` (sleeps after the broker confirmed a batch and before it is
 //! marked sent: the relay's crash window, where a kill makes it publish the batch again;
-//! default 0). Stops after the batch in flight on SIGTERM.
+//! default 0), `OUTBOX_REFUSAL_ATTEMPTS` / `OUTBOX_REFUSAL_DELAY_MS` (rows the broker refuses:
+//! see `pipeline/mod.rs`), `STARTUP_PATIENCE_SECS` (how long the first connections are tried
+//! again, default 60). Stops after the batch in flight on SIGTERM.
 
 mod pipeline;
 
@@ -58,11 +60,12 @@ const DATABASE: &str = "connecting to the database and creating the outbox table
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::from_env()?;
     let config = pipeline::relay_config()?;
+    let refusals = pipeline::refusal_policy()?;
     let delay = Duration::from_millis(pipeline::number("OUTBOX_CONFIRM_DELAY_MS", 0)?);
     match Database::from_env()? {
         Database::Postgres(url) => {
             let outbox = pipeline::retry_start(DATABASE, || async {
-                let outbox = PgOutbox::new(sqlx::PgPool::connect(&url).await?);
+                let outbox = PgOutbox::new(sqlx::PgPool::connect(&url).await?).refusals(refusals);
                 outbox.migrate().await.map(|()| outbox)
             })
             .await?;
@@ -70,7 +73,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         Database::MySql(url) => {
             let outbox = pipeline::retry_start(DATABASE, || async {
-                let outbox = MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?);
+                let outbox =
+                    MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?).refusals(refusals);
                 outbox.migrate().await.map(|()| outbox)
             })
             .await?;
@@ -78,7 +82,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         Database::Sqlite(url) => {
             let outbox = pipeline::retry_start(DATABASE, || async {
-                let outbox = SqliteOutbox::new(pipeline::sqlite_pool(&url, 2).await?);
+                let outbox =
+                    SqliteOutbox::new(pipeline::sqlite_pool(&url, 2).await?).refusals(refusals);
                 outbox.migrate().await.map(|()| outbox)
             })
             .await?;

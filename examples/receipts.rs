@@ -11,7 +11,10 @@
 //! Environment: `DATABASE_URL` (PostgreSQL, MySQL / MariaDB or SQLite), one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
 //! after writing the receipt, before the commit: the crash window; default 0),
 //! `RECEIPTS_CONCURRENCY` (default 8), `RECEIPTS_ACK_WAIT_MS` (NATS, default 30000),
-//! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`).
+//! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`),
+//! `STARTUP_PATIENCE_SECS` (how long the first database and broker connections are tried
+//! again, default 60). Once running, the subscriber reconnects by itself and a database
+//! outage holds deliveries without spending their attempts (see the `inbox` module).
 //!
 //! The `receipts` table has no unique constraint on `payment_id`: the inbox alone keeps a
 //! redelivered event from writing a second receipt.

@@ -230,6 +230,14 @@ fn member(db: &Db, topic: &TestTopic, concurrency: usize, delay: Duration) -> Ch
     ChildProcess::start("kafka_consumer_process", &env)
 }
 
+/// Whether `member` handled `count` messages within 20 s of its start.
+async fn works(member: &mut ChildProcess, count: usize) -> bool {
+    tokio::select! {
+        () = member.wait_for("handling ", count, Duration::from_secs(60)) => true,
+        () = tokio::time::sleep(Duration::from_secs(20)) => false,
+    }
+}
+
 /// Waits (at most `limit`) until `committed` payments have a receipt.
 async fn wait_for_receipts(db: &Db, committed: &HashSet<String>, limit: Duration) {
     let deadline = Instant::now() + limit;
@@ -250,38 +258,26 @@ async fn wait_for_receipts(db: &Db, committed: &HashSet<String>, limit: Duration
 #[tokio::test]
 async fn a_group_that_gains_a_member_and_loses_one_mid_load_gives_one_effect_each() {
     with_topic(6, |db, topic| async move {
-        // About 10 messages a second for two members: the load lasts well past a join.
+        // 5 messages a second a member: the load lasts well past each join (about 3.5 s).
         let committed = pay_and_relay(&db, &topic, 120).await;
         let (concurrency, delay) = (2, Duration::from_millis(400));
         let started = Instant::now();
+        // Members join one at a time, each while the others work. A join usually takes tansu
+        // about 3.5 s, but in about one run of five the joining member gets no partition for
+        // more than 30 s while the others go on (a tansu group defect, see the report): a
+        // join is waited for 20 s and reported; receipts missing at the end fail the test.
         let mut first = member(&db, &topic, concurrency, delay);
-        let second = member(&db, &topic, concurrency, delay);
         first
-            .wait_for("handling ", 4, Duration::from_secs(30))
+            .wait_for("handling ", 2, Duration::from_secs(30))
             .await;
-        // Mid-load, a third member joins: the group rebalances while both others work.
+        let mut second = member(&db, &topic, concurrency, delay);
+        let second_works = works(&mut second, 2).await;
         let mut third = member(&db, &topic, concurrency, delay);
-        let joined = Instant::now();
-        let progress = async {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                eprintln!(
-                    "{:?}: {} receipts",
-                    started.elapsed(),
-                    db.receipts().await.len()
-                );
-            }
-        };
-        // The join takes tansu about 3.5 s here; a join that never completes shows up below
-        // as receipts missing.
-        let third_works = tokio::select! {
-            () = third.wait_for("handling ", 3, Duration::from_secs(60)) => true,
-            () = progress => false,
-            () = tokio::time::sleep(Duration::from_secs(30)) => false,
-        };
+        let third_works = works(&mut third, 3).await;
         eprintln!(
-            "the third member works: {third_works}, {:?} after it started",
-            joined.elapsed()
+            "{:?}: the second member works: {second_works}, the third: {third_works}; {} receipts",
+            started.elapsed(),
+            db.receipts().await.len()
         );
         // And one dies with deliveries in flight: its partitions move once its session ends.
         first.kill_9().await;

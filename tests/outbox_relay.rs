@@ -614,3 +614,54 @@ async fn migrate_upgrades_a_table_of_the_previous_release() {
     })
     .await;
 }
+
+/// A broker that fails every publish at once (its connection gone), counting the tries.
+struct Fails(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Publisher for Fails {
+    async fn publish_confirmed(&self, _: &[OutgoingMessage]) -> Result<Vec<Verdict>, BrokerError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Err(BrokerError::Closed { broker: "test" })
+    }
+}
+
+// mutant: the relay waits `retry_delay` after every failure (no doubling, as before) -> fails
+// with "27 tries in 1.5 s: the relay did not back off". Mutant: a commit's wake-up ends the
+// backoff's wait -> fails with "47 tries in 1.5 s" (the test commits every 20 ms, as a busy
+// service would).
+#[tokio::test]
+async fn a_relay_backs_off_while_batches_keep_failing() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, _| async move {
+        db.pay(true).await;
+        let tries = Arc::new(AtomicUsize::new(0));
+        let relay = Relay::new(db.outbox.clone(), Fails(tries.clone())).config(RelayConfig {
+            retry_delay: Duration::from_millis(50),
+            retry_ceiling: Duration::from_millis(400),
+            shutdown_drain: Duration::ZERO,
+            ..waits_for_shutdown()
+        });
+        let mut committed = 1;
+        let commits = async {
+            let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+            while tokio::time::Instant::now() < until {
+                db.pay(true).await;
+                committed += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        relay.run_until(commits).await;
+        // Waits of 25-50, 50-100, 100-200, 200-400 ms, then 200-400 ms each: 5 to 11 tries
+        // in 1.5 s; a fixed 50 ms wait makes about 30.
+        let tries = tries.load(Ordering::Relaxed);
+        assert!(
+            (3..=14).contains(&tries),
+            "{tries} tries in 1.5 s: the relay did not back off"
+        );
+        assert_eq!(db.unsent().await, committed, "nothing was lost");
+    })
+    .await;
+}

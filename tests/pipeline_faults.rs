@@ -296,8 +296,6 @@ async fn rabbitmq_poison_rows_hold_back_nothing() {
 /// Mutant: parking off (the refusal that reaches the limit not parking) -> fails with poison
 /// rows neither sent nor parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs OUTBOX_REFUSAL_ATTEMPTS / OUTBOX_REFUSAL_DELAY_MS in the examples \
-            (pipe-brokers): with the default policy a row parks after about 5 minutes"]
 async fn rabbitmq_poison_rows_are_parked() {
     if let Some(report) = on_rabbitmq(&[Fault::Poison]).await {
         assert_passed(&report);
@@ -308,9 +306,6 @@ async fn rabbitmq_poison_rows_are_parked() {
 /// Same mutants as [`rabbitmq_poison_rows_hold_back_nothing`] and
 /// [`rabbitmq_poison_rows_are_parked`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs, in the examples, OUTBOX_REFUSAL_* and \
-            a NATS route that sends topics other than payment.created to a subject of their \
-            own, which no stream covers (pipe-brokers)"]
 async fn nats_poison_rows() {
     if let Some(report) = on_nats(&[Fault::Poison]).await {
         assert_passed(&report);

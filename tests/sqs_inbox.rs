@@ -393,7 +393,8 @@ async fn without_heartbeat_a_slow_handler_s_message_reaches_the_second_consumer_
     slow_handler_on_two_consumers(false).await;
 }
 
-// mutant: Heartbeat::start extends nothing -> fails: a second delivery while the handler works.
+// mutant: SqsDelivery::keep_alive extends nothing -> fails: a second delivery while the
+// handler works.
 #[tokio::test]
 async fn with_heartbeat_a_slow_handler_s_message_is_delivered_once() {
     slow_handler_on_two_consumers(true).await;

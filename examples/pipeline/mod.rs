@@ -21,7 +21,7 @@ use tower_idempotency::{
         nats::{NatsPublisher, NatsTopology},
         BrokerError, Publisher,
     },
-    outbox::RelayConfig,
+    outbox::{RefusalPolicy, RelayConfig},
 };
 
 /// The routing key of the event (RabbitMQ) and the outbox topic.
@@ -108,12 +108,18 @@ impl Broker {
                 subject,
             } => {
                 let subject = subject.clone();
+                // The event goes to the stream's subject; any other topic to a subject of its
+                // own name, which no stream covers: the broker refuses it, and the relay
+                // parks the row after its attempts.
+                let route = move |topic: &str| {
+                    if topic == TOPIC {
+                        subject.clone()
+                    } else {
+                        topic.to_owned()
+                    }
+                };
                 (
-                    Box::new(
-                        NatsPublisher::connect(url, topology)
-                            .await?
-                            .route(move |_| subject.clone()),
-                    ),
+                    Box::new(NatsPublisher::connect(url, topology).await?.route(route)),
                     format!("NATS JetStream stream {}", topology.stream),
                 )
             }
@@ -126,6 +132,21 @@ pub fn relay_config() -> Result<RelayConfig, String> {
     Ok(RelayConfig {
         poll_interval: Duration::from_millis(number("OUTBOX_POLL_MS", 1000)?),
         ..RelayConfig::default()
+    })
+}
+
+/// What the relay does with rows the broker refuses: `OUTBOX_REFUSAL_ATTEMPTS` (refusals
+/// before a row is parked, default 10) and `OUTBOX_REFUSAL_DELAY_MS` (the first wait after a
+/// refusal, doubling up to a minute; default 1000).
+pub fn refusal_policy() -> Result<RefusalPolicy, String> {
+    let default = RefusalPolicy::default();
+    Ok(RefusalPolicy {
+        max_attempts: number("OUTBOX_REFUSAL_ATTEMPTS", default.max_attempts)?,
+        first_delay: Duration::from_millis(number(
+            "OUTBOX_REFUSAL_DELAY_MS",
+            u64::try_from(default.first_delay.as_millis()).unwrap_or(u64::MAX),
+        )?),
+        ..default
     })
 }
 

@@ -2,9 +2,12 @@
 
 use sqlx::Postgres;
 
-use super::sql::{sealed::Dialect, SqlJournal, Statements, DEFAULT_TABLE};
+use super::sql::{
+    sealed::{Beside, Dialect},
+    SqlJournal, Statements,
+};
 use crate::{
-    sql::{self, statement, InvalidIdentifier, TableName},
+    sql::{self, statement, TableName},
     store::{PostgresStore, StoreError},
 };
 
@@ -79,21 +82,6 @@ impl Dialect for Postgres {
 }
 
 impl PostgresJournal {
-    /// The journal in table [`DEFAULT_TABLE`](super::DEFAULT_TABLE), beside `store`'s records.
-    pub fn for_store(store: &PostgresStore) -> Self {
-        let table = TableName::new(DEFAULT_TABLE).expect("the default table name is valid");
-        Self::assemble(store.pool().clone(), table, store.table())
-    }
-
-    /// The journal in table `table` (optionally `schema.table`), beside `store`'s records.
-    pub fn with_table(store: &PostgresStore, table: &str) -> Result<Self, InvalidIdentifier> {
-        Ok(Self::assemble(
-            store.pool().clone(),
-            TableName::new(table)?,
-            store.table(),
-        ))
-    }
-
     /// Creates the table and its index if they do not exist (safe from many processes at
     /// once, like [`PostgresStore::migrate`]).
     pub async fn migrate(&self) -> Result<(), StoreError> {
@@ -101,5 +89,17 @@ impl PostgresJournal {
         sql::migrate_postgres(self.pool(), self.table().as_str(), &schema)
             .await
             .map_err(|e| sql::backend("postgres", e))
+    }
+}
+
+impl Beside for PostgresStore {
+    type Database = Postgres;
+
+    fn pool(&self) -> &sqlx::Pool<Postgres> {
+        PostgresStore::pool(self)
+    }
+
+    fn records(&self) -> &TableName {
+        self.table()
     }
 }

@@ -12,7 +12,7 @@ use sqlx::{Executor, IntoArguments, Pool, Row, SqlStr};
 use super::{handle::encode, Journal, KeyOwner, StepError, Steps};
 use crate::{
     record::{Fingerprint, StoreKey},
-    sql::{self, TableName},
+    sql::{self, InvalidIdentifier, TableName},
     store::StoreError,
 };
 
@@ -58,6 +58,17 @@ pub(crate) mod sealed {
         /// The statements for journal table `journal` beside records table `records`.
         fn statements(journal: TableName, records: &TableName) -> Statements;
     }
+
+    /// A SQL store a journal is kept beside: its pool, and the records table that fences
+    /// the journal's entries.
+    pub trait Beside {
+        /// The store's database.
+        type Database: Dialect;
+        /// The store's pool.
+        fn pool(&self) -> &sqlx::Pool<Self::Database>;
+        /// The store's records table.
+        fn records(&self) -> &TableName;
+    }
 }
 
 /// The statements of one journal table, rendered by its database's dialect.
@@ -95,13 +106,21 @@ impl<DB: JournalDatabase> std::fmt::Debug for SqlJournal<DB> {
 }
 
 impl<DB: JournalDatabase> SqlJournal<DB> {
-    /// A journal in table `journal` on `pool`, fenced by the records in table `records`
-    /// (the store's table, in the same database).
-    pub(crate) fn assemble(pool: Pool<DB>, journal: TableName, records: &TableName) -> Self {
-        Self {
-            pool,
-            sql: Arc::new(DB::statements(journal, records)),
-        }
+    /// The journal in table [`DEFAULT_TABLE`], beside `store`'s records.
+    pub fn for_store<S: sealed::Beside<Database = DB>>(store: &S) -> Self {
+        Self::with_table(store, DEFAULT_TABLE).expect("the default table name is valid")
+    }
+
+    /// The journal in table `table` (PostgreSQL: optionally `schema.table`), beside `store`'s
+    /// records.
+    pub fn with_table<S: sealed::Beside<Database = DB>>(
+        store: &S,
+        table: &str,
+    ) -> Result<Self, InvalidIdentifier> {
+        Ok(Self {
+            pool: store.pool().clone(),
+            sql: Arc::new(DB::statements(TableName::new(table)?, store.records())),
+        })
     }
 
     /// The DDL `migrate` runs, one statement per item: paste it into your own migrations if

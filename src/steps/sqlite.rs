@@ -2,9 +2,12 @@
 
 use sqlx::Sqlite;
 
-use super::sql::{sealed::Dialect, SqlJournal, Statements, DEFAULT_TABLE};
+use super::sql::{
+    sealed::{Beside, Dialect},
+    SqlJournal, Statements,
+};
 use crate::{
-    sql::{self, statement, InvalidIdentifier, TableName},
+    sql::{self, statement, TableName},
     store::{sqlite::NOW_MS, SqliteStore, StoreError},
 };
 
@@ -65,25 +68,22 @@ impl Dialect for Sqlite {
 }
 
 impl SqliteJournal {
-    /// The journal in table [`DEFAULT_TABLE`](super::DEFAULT_TABLE), beside `store`'s records.
-    pub fn for_store(store: &SqliteStore) -> Self {
-        let table = TableName::new(DEFAULT_TABLE).expect("the default table name is valid");
-        Self::assemble(store.pool().clone(), table, store.table())
-    }
-
-    /// The journal in table `table`, beside `store`'s records.
-    pub fn with_table(store: &SqliteStore, table: &str) -> Result<Self, InvalidIdentifier> {
-        Ok(Self::assemble(
-            store.pool().clone(),
-            TableName::new(table)?,
-            store.table(),
-        ))
-    }
-
     /// Creates the table and its index if they do not exist.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         sql::execute_each(self.pool(), self.schema_sql())
             .await
             .map_err(|e| sql::backend("sqlite", e))
+    }
+}
+
+impl Beside for SqliteStore {
+    type Database = Sqlite;
+
+    fn pool(&self) -> &sqlx::Pool<Sqlite> {
+        SqliteStore::pool(self)
+    }
+
+    fn records(&self) -> &TableName {
+        self.table()
     }
 }
