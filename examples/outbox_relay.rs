@@ -12,7 +12,9 @@
 //! `pipeline/mod.rs`), `OUTBOX_POLL_MS` (polling fallback, default 1000),
 //! `OUTBOX_CONFIRM_DELAY_MS` (sleeps after the broker confirmed a batch and before it is
 //! marked sent: the relay's crash window, where a kill makes it publish the batch again;
-//! default 0). Stops after the batch in flight on SIGTERM.
+//! default 0), `OUTBOX_REFUSAL_ATTEMPTS` / `OUTBOX_REFUSAL_DELAY_MS` (rows the broker refuses:
+//! see `pipeline/mod.rs`), `STARTUP_PATIENCE_SECS` (how long the first connections are tried
+//! again, default 60). Stops after the batch in flight on SIGTERM.
 
 mod pipeline;
 
@@ -52,24 +54,39 @@ async fn main() -> ExitCode {
     pipeline::main("outbox_relay", run()).await
 }
 
+/// What the first connection does, for the log while it is tried again.
+const DATABASE: &str = "connecting to the database and creating the outbox table";
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::from_env()?;
     let config = pipeline::relay_config()?;
+    let refusals = pipeline::refusal_policy()?;
     let delay = Duration::from_millis(pipeline::number("OUTBOX_CONFIRM_DELAY_MS", 0)?);
     match Database::from_env()? {
         Database::Postgres(url) => {
-            let outbox = PgOutbox::new(sqlx::PgPool::connect(&url).await?);
-            outbox.migrate().await?;
+            let outbox = pipeline::retry_start(DATABASE, || async {
+                let outbox = PgOutbox::new(sqlx::PgPool::connect(&url).await?).refusals(refusals);
+                outbox.migrate().await.map(|()| outbox)
+            })
+            .await?;
             relay(outbox, broker, config, delay).await
         }
         Database::MySql(url) => {
-            let outbox = MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?);
-            outbox.migrate().await?;
+            let outbox = pipeline::retry_start(DATABASE, || async {
+                let outbox =
+                    MySqlOutbox::new(sqlx::MySqlPool::connect(&url).await?).refusals(refusals);
+                outbox.migrate().await.map(|()| outbox)
+            })
+            .await?;
             relay(outbox, broker, config, delay).await
         }
         Database::Sqlite(url) => {
-            let outbox = SqliteOutbox::new(pipeline::sqlite_pool(&url, 2).await?);
-            outbox.migrate().await?;
+            let outbox = pipeline::retry_start(DATABASE, || async {
+                let outbox =
+                    SqliteOutbox::new(pipeline::sqlite_pool(&url, 2).await?).refusals(refusals);
+                outbox.migrate().await.map(|()| outbox)
+            })
+            .await?;
             relay(outbox, broker, config, delay).await
         }
     }

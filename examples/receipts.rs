@@ -11,7 +11,10 @@
 //! Environment: `DATABASE_URL` (PostgreSQL, MySQL / MariaDB or SQLite), one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
 //! after writing the receipt, before the commit: the crash window; default 0),
 //! `RECEIPTS_CONCURRENCY` (default 8), `RECEIPTS_ACK_WAIT_MS` (NATS, default 30000),
-//! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`).
+//! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`),
+//! `STARTUP_PATIENCE_SECS` (how long the first database and broker connections are tried
+//! again, default 60). Once running, the subscriber reconnects by itself and a database
+//! outage holds deliveries without spending their attempts (see the `inbox` module).
 //!
 //! The `receipts` table has no unique constraint on `payment_id`: the inbox alone keeps a
 //! redelivered event from writing a second receipt.
@@ -123,6 +126,9 @@ async fn main() -> ExitCode {
     pipeline::main("receipts", run()).await
 }
 
+/// What the first connection does, for the log while it is tried again.
+const DATABASE: &str = "connecting to the database and creating the tables";
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = Broker::from_env()?;
     let concurrency: usize = pipeline::number::<usize>("RECEIPTS_CONCURRENCY", 8)?.max(1);
@@ -138,13 +144,20 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let connections = u32::try_from(concurrency + 1).unwrap_or(u32::MAX);
     match Database::from_env()? {
         Database::Postgres(url) => {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(connections)
-                .connect(&url)
-                .await?;
-            let inbox = PgInbox::new(pool.clone());
-            inbox.migrate().await?;
-            sqlx::query(POSTGRES_SCHEMA).execute(&pool).await?;
+            let inbox = pipeline::retry_start(DATABASE, || async {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(connections)
+                    .connect(&url)
+                    .await?;
+                let inbox = PgInbox::new(pool.clone());
+                inbox.migrate().await?;
+                // Under the lock the library's own tables are created with: several
+                // consumers starting at once would race on `CREATE TABLE IF NOT EXISTS`.
+                tower_idempotency::sql::migrate_postgres(&pool, "receipts", POSTGRES_SCHEMA)
+                    .await?;
+                Ok::<_, Box<dyn std::error::Error>>(inbox)
+            })
+            .await?;
             consume(
                 Consumer::with_config("receipts", inbox, handler, config),
                 broker,
@@ -153,13 +166,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .await
         }
         Database::MySql(url) => {
-            let pool = sqlx::mysql::MySqlPoolOptions::new()
-                .max_connections(connections)
-                .connect(&url)
-                .await?;
-            let inbox = MySqlInbox::new(pool.clone());
-            inbox.migrate().await?;
-            sqlx::query(MYSQL_SCHEMA).execute(&pool).await?;
+            let inbox = pipeline::retry_start(DATABASE, || async {
+                let pool = sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(connections)
+                    .connect(&url)
+                    .await?;
+                let inbox = MySqlInbox::new(pool.clone());
+                inbox.migrate().await?;
+                // MySQL queues concurrent DDL behind a metadata lock: no race to guard.
+                sqlx::query(MYSQL_SCHEMA).execute(&pool).await?;
+                Ok::<_, Box<dyn std::error::Error>>(inbox)
+            })
+            .await?;
             consume(
                 Consumer::with_config("receipts", inbox, handler, config),
                 broker,
@@ -168,10 +186,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .await
         }
         Database::Sqlite(url) => {
-            let pool = pipeline::sqlite_pool(&url, connections).await?;
-            let inbox = SqliteInbox::new(pool.clone());
-            inbox.migrate().await?;
-            sqlx::query(SQLITE_SCHEMA).execute(&pool).await?;
+            let inbox = pipeline::retry_start(DATABASE, || async {
+                let pool = pipeline::sqlite_pool(&url, connections).await?;
+                let inbox = SqliteInbox::new(pool.clone());
+                inbox.migrate().await?;
+                // One writer at a time: concurrent DDL waits its turn.
+                sqlx::query(SQLITE_SCHEMA).execute(&pool).await?;
+                Ok::<_, Box<dyn std::error::Error>>(inbox)
+            })
+            .await?;
             consume(
                 Consumer::with_config("receipts", inbox, handler, config),
                 broker,
@@ -182,6 +205,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+/// What connecting to the broker does, for the log while it is tried again. Once connected,
+/// the subscriber reconnects by itself.
+const BROKER: &str = "connecting to the broker";
+
 async fn consume<I: InboxStore, H: Handler<I::Database>>(
     consumer: Consumer<I, H>,
     broker: Broker,
@@ -190,14 +217,20 @@ async fn consume<I: InboxStore, H: Handler<I::Database>>(
     match broker {
         Broker::Amqp { url, topology } => {
             let prefetch = u16::try_from(concurrency).unwrap_or(u16::MAX);
-            let subscriber = AmqpSubscriber::connect(&url, &topology, prefetch).await?;
+            let subscriber = pipeline::retry_start(BROKER, || {
+                AmqpSubscriber::connect(&url, &topology, prefetch)
+            })
+            .await?;
             tracing::info!(queue = %topology.queue, "receipts: consuming from RabbitMQ");
             consumer
                 .run_until(subscriber, pipeline::shutdown_signal())
                 .await?;
         }
         Broker::Nats { url, topology, .. } => {
-            let subscriber = NatsSubscriber::connect(&url, &topology, concurrency).await?;
+            let subscriber = pipeline::retry_start(BROKER, || {
+                NatsSubscriber::connect(&url, &topology, concurrency)
+            })
+            .await?;
             tracing::info!(stream = %topology.stream, consumer = %topology.consumer, "receipts: consuming from NATS JetStream");
             consumer
                 .run_until(subscriber, pipeline::shutdown_signal())

@@ -214,9 +214,10 @@ async fn relay_durations_at_either_end_send_and_stop() {
     let Some(broker) = TestBroker::nats(Duration::from_secs(30)) else {
         return;
     };
-    let rows: [(&str, RelayField); 5] = [
+    let rows: [(&str, RelayField); 6] = [
         ("poll_interval", |c, d| c.poll_interval = d),
         ("retry_delay", |c, d| c.retry_delay = d),
+        ("retry_ceiling", |c, d| c.retry_ceiling = d),
         ("sent_retention", |c, d| c.sent_retention = d),
         ("purge_every", |c, d| c.purge_every = d),
         ("shutdown_drain", |c, d| c.shutdown_drain = d),

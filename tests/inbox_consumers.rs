@@ -1,6 +1,7 @@
 //! The inbox consumer on real brokers: poison is dead-lettered (RabbitMQ dead-letter queue,
 //! NATS term) and acked without a receipt or a panic, a failing handler is retried a bounded
-//! number of times, and two copies delivered at once write one receipt.
+//! number of times, two copies delivered at once write one receipt, and a handler slower than
+//! the broker's lease keeps it.
 //!
 //! Needs TEST_POSTGRES_URL plus TEST_AMQP_URL / TEST_NATS_URL (`scripts/test` sets them).
 
@@ -20,7 +21,7 @@ use pipeline::{each_broker, tally, with_broker, TestBroker, WriteReceipt};
 use sqlx::{PgConnection, Postgres};
 use tokio::sync::Barrier;
 use tower_idempotency::{
-    broker::nats::NatsSubscriber,
+    broker::{amqp::AmqpSubscriber, nats::NatsSubscriber, Subscriber},
     inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Message, Outcome},
     outbox::Relay,
 };
@@ -130,8 +131,66 @@ impl Handler<Postgres> for SlowReceipt {
 
 #[tokio::test]
 async fn two_consumers_given_the_same_message_at_once_write_one_receipt() {
-    // NATS redelivers to the other consumer once the short ack wait passes, while the first
-    // copy's handler still sleeps inside its transaction.
+    // Two copies of one message (a publisher that published it twice), one to each consumer,
+    // while the first copy's handler still sleeps inside its transaction.
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, broker| async move {
+        let payment = format!("pay_{}", process::unique());
+        let body = format!(r#"{{"payment_id": "{payment}"}}"#);
+        for _ in 0..2 {
+            broker.publish_raw(Some(&payment), body.as_bytes()).await;
+        }
+        let TestBroker::Amqp { url, topology, .. } = &broker else {
+            unreachable!()
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = SlowReceipt {
+            runs: runs.clone(),
+            inner: WriteReceipt {
+                delay: Duration::from_millis(1500),
+            },
+        };
+        let consumer = Consumer::new("receipts", db.inbox.clone(), handler);
+        let barrier = Arc::new(Barrier::new(2));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..2 {
+            let (consumer, barrier) = (consumer.clone(), barrier.clone());
+            let mut subscriber = AmqpSubscriber::connect(url, topology, 1).await.unwrap();
+            tasks.spawn(async move {
+                barrier.wait().await;
+                let mut outcomes = Vec::new();
+                if let Ok(Ok(delivery)) =
+                    tokio::time::timeout(Duration::from_secs(5), subscriber.next()).await
+                {
+                    outcomes.push(consumer.process(&delivery).await);
+                }
+                outcomes
+            });
+        }
+        let outcomes: Vec<Outcome> = tasks.join_all().await.into_iter().flatten().collect();
+        let counts = tally(&outcomes);
+        assert_eq!(counts.get(&Outcome::Handled), Some(&1), "{outcomes:?}");
+        assert_eq!(
+            counts.get(&Outcome::Duplicate),
+            Some(&1),
+            "both consumers got the message: {outcomes:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
+        assert_eq!(db.receipts().await.get(&payment), Some(&1));
+        assert_eq!(db.receipts().await.len(), 1);
+    })
+    .await;
+}
+
+// mutant: `kept_alive` runs the work without keep-alives -> NATS hands the message to the
+// second consumer after the 300 ms ack wait: fails with "a second copy was handed out while
+// the first was held".
+#[tokio::test]
+async fn a_handler_slower_than_the_ack_wait_keeps_its_lease() {
+    // The ack wait is 300 ms, the handler takes 1.5 s: the consumer extends the lease (NATS
+    // `+WPI`) while it works, so no second consumer is handed the message.
     let Some(broker) = TestBroker::nats(Duration::from_millis(300)) else {
         return;
     };
@@ -152,38 +211,20 @@ async fn two_consumers_given_the_same_message_at_once_write_one_receipt() {
             },
         };
         let consumer = Consumer::new("receipts", db.inbox.clone(), handler);
-        let barrier = Arc::new(Barrier::new(2));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..2 {
-            let (consumer, barrier) = (consumer.clone(), barrier.clone());
-            let mut subscriber = NatsSubscriber::connect(url, topology, 1).await.unwrap();
-            tasks.spawn(async move {
-                barrier.wait().await;
-                let mut outcomes = Vec::new();
-                // Each takes one delivery and handles it while the other may take the
-                // redelivered copy.
-                if let Ok(Ok(delivery)) = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    tower_idempotency::broker::Subscriber::next(&mut subscriber),
-                )
-                .await
-                {
-                    outcomes.push(consumer.process(&delivery).await);
-                }
-                outcomes
-            });
-        }
-        let outcomes: Vec<Outcome> = tasks.join_all().await.into_iter().flatten().collect();
-        let counts = tally(&outcomes);
-        assert_eq!(counts.get(&Outcome::Handled), Some(&1), "{outcomes:?}");
-        assert_eq!(
-            counts.get(&Outcome::Duplicate),
-            Some(&1),
-            "both consumers got the message: {outcomes:?}"
+        let mut first = NatsSubscriber::connect(url, topology, 1).await.unwrap();
+        let mut second = NatsSubscriber::connect(url, topology, 1).await.unwrap();
+        let delivery = first.next().await.unwrap();
+        let (outcome, other) = tokio::join!(
+            consumer.process(&delivery),
+            tokio::time::timeout(Duration::from_secs(3), second.next())
+        );
+        assert_eq!(outcome, Outcome::Handled);
+        assert!(
+            other.is_err(),
+            "a second copy was handed out while the first was held"
         );
         assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
         assert_eq!(db.receipts().await.get(&payment), Some(&1));
-        assert_eq!(db.receipts().await.len(), 1);
     })
     .await;
 }

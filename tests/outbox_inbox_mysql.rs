@@ -11,7 +11,10 @@ mod process;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use outbox_parking::{a_refused_row_is_parked_and_holds_back_nothing, three_refusals};
+use outbox_parking::{
+    a_refused_row_is_parked_and_holds_back_nothing, an_upgraded_table_parks_and_sends, one_refusal,
+    three_refusals,
+};
 use pipeline::{race_relays, tally, TestBroker, TOPIC};
 use process::shared::Shared;
 use sqlx::MySqlPool;
@@ -195,6 +198,34 @@ async fn a_refused_row_is_parked_after_its_attempts_and_holds_back_nothing() {
         let outbox = MySqlOutbox::new(pool.clone()).refusals(three_refusals());
         outbox.migrate().await.unwrap();
         a_refused_row_is_parked_and_holds_back_nothing(&(pool, outbox), &broker, 10).await;
+    })
+    .await;
+    cleanup.clean_up().await;
+}
+
+// mutant: `migrate` without the added columns (MySQL `upgrades` keeps `ordering_key` only)
+// -> fails with "Unknown column 'attempts'".
+#[tokio::test]
+async fn migrate_upgrades_a_table_of_the_previous_release() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    let cleanup = broker.clone();
+    with_mysql(|pool| async move {
+        sqlx::query(
+            "CREATE TABLE tower_outbox (seq BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                 id VARCHAR(64) NOT NULL UNIQUE, topic VARCHAR(255) NOT NULL,
+                 payload LONGBLOB NOT NULL,
+                 created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                 sent_at DATETIME(6) NULL, ordering_key VARCHAR(255) NULL,
+                 INDEX (sent_at, seq)) ENGINE = InnoDB",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let outbox = MySqlOutbox::new(pool.clone()).refusals(one_refusal());
+        outbox.migrate().await.unwrap();
+        an_upgraded_table_parks_and_sends(&(pool, outbox), &broker).await;
     })
     .await;
     cleanup.clean_up().await;

@@ -24,7 +24,8 @@ use std::{
 
 use async_trait::async_trait;
 use outbox_parking::{
-    a_refused_row_is_parked_and_holds_back_nothing, three_refusals, POISON_TOPIC,
+    a_refused_row_is_parked_and_holds_back_nothing, an_upgraded_table_parks_and_sends, one_refusal,
+    three_refusals, POISON_TOPIC,
 };
 use pipeline::{each_broker, race_relays, tally, with_broker, TestBroker, WriteReceipt};
 use process::unique;
@@ -452,8 +453,9 @@ async fn batches_that_fail_while_the_broker_is_unreachable_spend_no_attempts() {
             batch: 4,
             ..RelayConfig::default()
         });
+        let mut failed = 0;
         for _ in 0..5 {
-            assert!(relay.drain().await.is_err(), "the broker is unreachable");
+            failed += usize::from(relay.drain().await.is_err());
         }
         let spent: (i64, i64) = sqlx::query_as(
             "SELECT count(parked_at), coalesce(sum(attempts), 0)::bigint FROM tower_outbox",
@@ -462,6 +464,7 @@ async fn batches_that_fail_while_the_broker_is_unreachable_spend_no_attempts() {
         .await
         .unwrap();
         assert_eq!(spent, (0, 0), "(parked rows, attempts spent)");
+        assert_eq!(failed, 5, "every batch failed: the broker was unreachable");
         assert_eq!(outbox.unsent().await.unwrap(), 11);
 
         // Back: the refusal is a verdict about its row now, and the rest is sent.
@@ -495,9 +498,14 @@ impl Publisher for Slow {
 }
 
 // mutant: `drain_until` ignores `purge_at` (the purge waits for an empty batch, as before) ->
-// fails with "sent rows grew to N of N sent".
+// fails with "sent rows grew to 740 of 750 sent".
+// The load lasts OUTBOX_LOAD_SECS (3 s by default; scripts/bench.d/outbox-purge.sh: 600 s).
 #[tokio::test]
 async fn sent_rows_stay_bounded_while_every_batch_is_full() {
+    let load_secs: u64 = std::env::var("OUTBOX_LOAD_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or(3);
     let Some(broker) = TestBroker::amqp() else {
         return;
     };
@@ -542,8 +550,8 @@ async fn sent_rows_stay_bounded_while_every_batch_is_full() {
         let running = tokio::spawn(relay.run_until(async {
             let _ = stopped.await;
         }));
-        let (mut most_sent, mut least_unsent) = (0, i64::MAX);
-        let until = tokio::time::Instant::now() + Duration::from_secs(3);
+        let (mut most_sent, mut least_unsent, mut most_rows) = (0, i64::MAX, 0);
+        let until = tokio::time::Instant::now() + Duration::from_secs(load_secs);
         while tokio::time::Instant::now() < until {
             let (sent, unsent): (i64, i64) = sqlx::query_as(
                 "SELECT count(sent_at), count(*) - count(sent_at) FROM tower_outbox",
@@ -553,6 +561,7 @@ async fn sent_rows_stay_bounded_while_every_batch_is_full() {
             .unwrap();
             most_sent = most_sent.max(sent);
             least_unsent = least_unsent.min(unsent);
+            most_rows = most_rows.max(sent + unsent);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         stop_relay.send(()).unwrap();
@@ -561,8 +570,10 @@ async fn sent_rows_stay_bounded_while_every_batch_is_full() {
         producer.await.unwrap();
 
         let took = took.load(Ordering::Relaxed) as i64;
+        // One line for scripts/bench.d/outbox-purge.sh.
         eprintln!(
-            "sent {took}, at most {most_sent} sent rows kept, backlog at least {least_unsent}"
+            "outbox-purge: secs={load_secs} sent={took} most_sent_rows={most_sent} \
+             most_rows={most_rows} least_backlog={least_unsent}"
         );
         assert!(
             least_unsent >= 10,
@@ -573,6 +584,84 @@ async fn sent_rows_stay_bounded_while_every_batch_is_full() {
             most_sent * 3 < took,
             "sent rows grew to {most_sent} of {took} sent: the purge did not run under load"
         );
+    })
+    .await;
+}
+
+// mutant: `migrate` without the added columns (PostgreSQL `upgrades` keeps `ordering_key`
+// only) -> fails with `column "attempts" does not exist`.
+#[tokio::test]
+async fn migrate_upgrades_a_table_of_the_previous_release() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, broker| async move {
+        let table = format!("outbox_v1_{}", unique());
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE {table} (seq BIGSERIAL PRIMARY KEY, id TEXT COLLATE \"C\" NOT NULL UNIQUE,
+                 topic TEXT NOT NULL, payload BYTEA NOT NULL,
+                 created_at TIMESTAMPTZ NOT NULL DEFAULT now(), sent_at TIMESTAMPTZ,
+                 ordering_key TEXT)"
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let outbox = PgOutbox::with_table(db.pool.clone(), &table)
+            .unwrap()
+            .refusals(one_refusal());
+        outbox.migrate().await.unwrap();
+        an_upgraded_table_parks_and_sends(&(db.pool.clone(), outbox), &broker).await;
+    })
+    .await;
+}
+
+/// A broker that fails every publish at once (its connection gone), counting the tries.
+struct Fails(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Publisher for Fails {
+    async fn publish_confirmed(&self, _: &[OutgoingMessage]) -> Result<Vec<Verdict>, BrokerError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Err(BrokerError::Closed { broker: "test" })
+    }
+}
+
+// mutant: the relay waits `retry_delay` after every failure (no doubling, as before) -> fails
+// with "27 tries in 1.5 s: the relay did not back off". Mutant: a commit's wake-up ends the
+// backoff's wait -> fails with "47 tries in 1.5 s" (the test commits every 20 ms, as a busy
+// service would).
+#[tokio::test]
+async fn a_relay_backs_off_while_batches_keep_failing() {
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, _| async move {
+        db.pay(true).await;
+        let tries = Arc::new(AtomicUsize::new(0));
+        let relay = Relay::new(db.outbox.clone(), Fails(tries.clone())).config(RelayConfig {
+            retry_delay: Duration::from_millis(50),
+            retry_ceiling: Duration::from_millis(400),
+            shutdown_drain: Duration::ZERO,
+            ..waits_for_shutdown()
+        });
+        let mut committed = 1;
+        let commits = async {
+            let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+            while tokio::time::Instant::now() < until {
+                db.pay(true).await;
+                committed += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        relay.run_until(commits).await;
+        // Waits of 25-50, 50-100, 100-200, 200-400 ms, then 200-400 ms each: 5 to 11 tries
+        // in 1.5 s; a fixed 50 ms wait makes about 30.
+        let tries = tries.load(Ordering::Relaxed);
+        assert!(
+            (3..=14).contains(&tries),
+            "{tries} tries in 1.5 s: the relay did not back off"
+        );
+        assert_eq!(db.unsent().await, committed, "nothing was lost");
     })
     .await;
 }

@@ -97,11 +97,11 @@ fn env(broker: &TestBroker, broker_url: &str, database_url: &str) -> Vec<(String
         ("DATABASE_URL", database_url),
         ("IDEMPOTENCY_MODE", "transactional"),
         ("PAYMENTS_DELAY_AFTER_CHARGE_MS", "100"),
-        ("OUTBOX_CONFIRM_DELAY_MS", "300"),
+        ("OUTBOX_CONFIRM_DELAY_MS", "500"),
         ("OUTBOX_POLL_MS", "200"),
         ("OUTBOX_REFUSAL_ATTEMPTS", "3"),
         ("OUTBOX_REFUSAL_DELAY_MS", "200"),
-        ("RECEIPTS_DELAY_MS", "300"),
+        ("RECEIPTS_DELAY_MS", "800"),
         ("RECEIPTS_CONCURRENCY", "4"),
     ] {
         env.push((var.into(), value.into()));
@@ -213,9 +213,9 @@ async fn on_nats(kinds: &[Fault]) -> Option<Report> {
     run(broker, link, Plan::new(kinds)).await
 }
 
-/// Mutant: the inbox claim answers `New` for a message id it has seen (src/inbox/postgres.rs,
-/// the claim statement's `ON CONFLICT` branch taken as new) -> fails with payments with two
-/// receipts (a relay killed between the broker's confirm and the commit publishes again).
+/// Mutant: the inbox takes a message id it has seen for a new one (src/inbox/sql_inbox.rs,
+/// `claim`: `Ok(false) => Ok(InboxClaim::New)`) -> fails with "2 payments with two receipts or
+/// more" (a relay killed between the broker's confirm and the commit publishes again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_kills() {
     if let Some(report) = on_rabbitmq(&[Fault::Kill]).await {
@@ -223,7 +223,8 @@ async fn rabbitmq_kills() {
     }
 }
 
-/// Same mutant as [`rabbitmq_kills`]; here the ack wait alone delivers copies.
+/// Same mutant as [`rabbitmq_kills`] -> fails with "32 payments with two receipts or more"
+/// (here the ack wait alone delivers copies).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_kills() {
     if let Some(report) = on_nats(&[Fault::Kill]).await {
@@ -231,8 +232,10 @@ async fn nats_kills() {
     }
 }
 
-/// Mutant: no reconnect (src/broker/nats.rs `connect`: `max_reconnects(1)` on the client's
-/// options) -> fails with `payment.created` rows never sent and payments without a receipt.
+/// Mutant: no reconnect (src/broker/nats.rs `connect`:
+/// `async_nats::ConnectOptions::new().max_reconnects(1)`) -> fails with "35 payments without a
+/// receipt", "35 payment.created rows never sent", "2 processes that gave up by themselves"
+/// ("receipts stopped: nats: closed").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_broker_restarts() {
     if let Some(report) = on_nats(&[Fault::BrokerOutage]).await {
@@ -240,20 +243,22 @@ async fn nats_broker_restarts() {
     }
 }
 
-/// Mutant: main before the reconnecting publisher and subscriber (one lapin channel for
-/// life) -> the consumers exit ("receipts stopped: amqp: could not receive").
+/// Mutant: the AMQP publisher keeps its dead session (src/broker/amqp.rs: `channel()` reuses
+/// the session without looking at it, and a failed batch does not drop it) -> fails with "37
+/// payments without a receipt", "37 payment.created rows never sent". Before the reconnecting
+/// subscriber, the consumers exited ("receipts stopped: amqp: could not receive").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the reconnecting AMQP publisher and subscriber (issue 32, pipe-brokers)"]
 async fn rabbitmq_broker_cuts() {
     if let Some(report) = on_rabbitmq(&[Fault::BrokerOutage]).await {
         assert_passed(&report);
     }
 }
 
-/// Mutant: infrastructure errors counted as handler attempts (main before issue 32:
-/// `Failure::database` is a `Failure::Retry`) -> fails with messages dead-lettered.
+/// Mutant: infrastructure failures counted as attempts (src/inbox/consumer.rs `decide`:
+/// `Failure::Infrastructure` dead-letters once the broker's delivery count reaches
+/// `max_attempts`, else gives the delivery back: the inbox before issue 32) -> fails with "16
+/// payments without a receipt", "16 messages dead-lettered".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
 async fn rabbitmq_database_outage() {
     if let Some(report) = on_rabbitmq(&[Fault::DatabaseOutage]).await {
         assert_passed(&report);
@@ -264,9 +269,9 @@ async fn rabbitmq_database_outage() {
     }
 }
 
-/// Same mutant as [`rabbitmq_database_outage`].
+/// Same mutant as [`rabbitmq_database_outage`] -> fails with "33 payments without a
+/// receipt", "33 messages dead-lettered".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the inbox's infrastructure budget (issue 32, pipe-brokers)"]
 async fn nats_database_outage() {
     if let Some(report) = on_nats(&[Fault::DatabaseOutage]).await {
         assert_passed(&report);
@@ -277,24 +282,22 @@ async fn nats_database_outage() {
     }
 }
 
-/// Mutant: one refused row fails its whole batch (src/outbox/sql_outbox.rs `accepted`
-/// returns an error on a refusal) -> fails with `payment.created` rows never sent. Mutant:
-/// parking off -> fails with poison rows neither sent nor parked.
+/// Mutant: one refused row fails its whole batch (src/outbox/sql_outbox.rs `publish`: any
+/// refusal answered as `OutboxError::Verdicts`) -> fails with "18 payment.created rows never
+/// sent" (the broker took them, but the rows stay unsent and go out again every retry).
+/// Parking off (the refusal that reaches the limit not parking) would fail the last
+/// assertion; that mutant was not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs parked outbox rows (issue 32, pipe-outbox) and OUTBOX_REFUSAL_ATTEMPTS / \
-            OUTBOX_REFUSAL_DELAY_MS in the examples (pipe-brokers)"]
 async fn rabbitmq_poison_rows() {
     if let Some(report) = on_rabbitmq(&[Fault::Poison]).await {
         assert_passed(&report);
+        assert!(report.planted > 0, "no poison row was planted");
         assert_eq!(report.unparked(), 0, "poison rows neither sent nor parked");
     }
 }
 
 /// Same mutants as [`rabbitmq_poison_rows`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs parked outbox rows (pipe-outbox) and, in the examples, OUTBOX_REFUSAL_* and \
-            a NATS route that sends topics other than payment.created to a subject of their \
-            own, which no stream covers (pipe-brokers)"]
 async fn nats_poison_rows() {
     if let Some(report) = on_nats(&[Fault::Poison]).await {
         assert_passed(&report);

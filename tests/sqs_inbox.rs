@@ -8,7 +8,12 @@ mod brokers;
 mod pipeline;
 mod process;
 
-use std::{collections::HashSet, future::Future, time::Duration};
+use std::{
+    collections::HashSet,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use async_trait::async_trait;
 use brokers::{
@@ -18,6 +23,7 @@ use brokers::{
 use pipeline::{tally, Db, WriteReceipt};
 use process::shared::Shared;
 use sqlx::{PgConnection, Postgres};
+use tokio::{sync::Barrier, time::Instant};
 use tower_idempotency::{
     broker::{
         sqs::{SqsPublisher, SqsQueues, SqsSubscriber},
@@ -291,4 +297,105 @@ async fn sqs_consumer_process() {
         .run_until(subscriber, std::future::pending())
         .await
         .expect("consume");
+}
+
+/// Writes the receipt and holds the transaction `hold`, recording when each run started and
+/// ended.
+struct TimedReceipt {
+    hold: Duration,
+    runs: Arc<Mutex<Vec<(Instant, Instant)>>>,
+}
+
+#[async_trait]
+impl Handler<Postgres> for TimedReceipt {
+    async fn handle(&self, conn: &mut PgConnection, message: &Message) -> Result<(), HandlerError> {
+        let start = Instant::now();
+        WriteReceipt { delay: self.hold }
+            .handle(conn, message)
+            .await?;
+        self.runs.lock().unwrap().push((start, Instant::now()));
+        Ok(())
+    }
+}
+
+/// One message, a handler slower than the visibility timeout, two consumers: how many
+/// deliveries arrived while the handler worked, with the outcomes and the receipts.
+async fn slow_handler_on_two_consumers(heartbeat: bool) {
+    let visibility = Duration::from_secs(1);
+    with_queues(false, visibility, |db, queues| async move {
+        let committed = pay_and_relay(&db, &queues, 1).await;
+        let runs = Arc::new(Mutex::new(Vec::new()));
+        let handler = TimedReceipt {
+            hold: Duration::from_secs(4),
+            runs: runs.clone(),
+        };
+        let consumer = Consumer::new("receipts", db.inbox.clone(), handler);
+        let barrier = Arc::new(Barrier::new(2));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..2 {
+            let mut subscriber = SqsSubscriber::connect(queues.client.clone(), &queues.queues)
+                .await
+                .expect("subscribe")
+                .wait(Duration::from_secs(1))
+                .heartbeat(heartbeat);
+            let (consumer, barrier) = (consumer.clone(), barrier.clone());
+            tasks.spawn(async move {
+                barrier.wait().await;
+                // Each handles its deliveries one at a time: a copy that reaches the other
+                // consumer overlaps the first, and one that comes back to the same consumer
+                // waits for it.
+                let mut seen = Vec::new();
+                while let Ok(Ok(delivery)) =
+                    tokio::time::timeout(Duration::from_secs(6), subscriber.next()).await
+                {
+                    let received = Instant::now();
+                    seen.push((received, consumer.process(&delivery).await));
+                }
+                seen
+            });
+        }
+        let seen: Vec<(Instant, Outcome)> = tasks.join_all().await.into_iter().flatten().collect();
+        let runs = runs.lock().unwrap().clone();
+        assert_eq!(runs.len(), 1, "the handler committed once: {seen:?}");
+        let (start, end) = runs[0];
+        let overlapping = seen
+            .iter()
+            .filter(|(received, _)| *received > start && *received < end)
+            .count();
+        let outcomes = tally(&seen.iter().map(|(_, o)| *o).collect::<Vec<_>>());
+        eprintln!(
+            "heartbeat {heartbeat}: {} deliveries, {overlapping} while the handler worked: {outcomes:?}",
+            seen.len()
+        );
+        if heartbeat {
+            assert_eq!(overlapping, 0, "a second delivery despite the heartbeat");
+            assert_eq!(seen.len(), 1, "deliveries: {outcomes:?}");
+        } else {
+            assert!(overlapping >= 1, "no second delivery while the handler worked");
+            assert_eq!(outcomes.get(&Outcome::Handled), Some(&1), "{outcomes:?}");
+        }
+        assert_one_receipt(&db, &committed).await;
+        assert_eq!(queues.count(&queues.queues.queue_url).await, 0);
+    })
+    .await;
+}
+
+async fn assert_one_receipt(db: &Db, committed: &HashSet<String>) {
+    let receipts = db.receipts().await;
+    assert_eq!(&receipts.keys().cloned().collect::<HashSet<_>>(), committed);
+    assert!(receipts.values().all(|&n| n == 1), "{receipts:?}");
+}
+
+// mutant: the inbox claim always answers New (no inbox) -> fails: the handler committed twice
+// (two receipts for the payment).
+#[tokio::test]
+async fn without_heartbeat_a_slow_handler_s_message_reaches_the_second_consumer_and_runs_once() {
+    slow_handler_on_two_consumers(false).await;
+}
+
+// mutant: SqsDelivery::keep_alive extends nothing -> fails: a second delivery while the
+// handler works.
+#[tokio::test]
+async fn with_heartbeat_a_slow_handler_s_message_is_delivered_once() {
+    slow_handler_on_two_consumers(true).await;
 }

@@ -196,7 +196,18 @@ async fn insert_effect(tx: &mut sqlx::PgConnection, table: &str, key: &StoreKey)
 /// client must not be told it ran, and the retry runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mariadb_deadlock_victim_that_carries_on_leaves_no_effect() {
-    deadlock_victim_carries_on(true).await;
+    deadlock_victim_carries_on(true, StatusCode::CREATED).await;
+}
+
+/// The handler gives up on the deadlock and answers 500. Its failure is an echo of the
+/// rollback the server made under it, not the request's outcome: a keyed request is answered
+/// as a duplicate would be — here nobody holds the key, so `not-committed` (503, retry), and the
+/// retry runs once. On Galera the same path replays the winner's answer instead of a 500
+/// (tests/galera.rs). Mutant: `lost_under_handler` (src/http/transactional.rs) always plain
+/// rollback -> the client gets the handler's 500 and this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mariadb_deadlock_victim_that_answers_500_is_told_not_committed() {
+    deadlock_victim_carries_on(true, StatusCode::INTERNAL_SERVER_ERROR).await;
 }
 
 /// The same without a key (the key is optional): nothing is recorded, but the request's
@@ -204,14 +215,14 @@ async fn a_mariadb_deadlock_victim_that_carries_on_leaves_no_effect() {
 /// committed in its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mariadb_deadlock_victim_without_a_key_commits_nothing() {
-    deadlock_victim_carries_on(false).await;
+    deadlock_victim_carries_on(false, StatusCode::CREATED).await;
 }
 
 /// The deadlock scene: the handler's transaction and a heavier rival lock two rows in
 /// opposite orders, InnoDB rolls the handler's back, and the handler writes its effect anyway
-/// and answers 201. Keyed or not, that effect must not persist and the answer must be
-/// `not-committed`; the retry (no deadlock) writes it once.
-async fn deadlock_victim_carries_on(keyed: bool) {
+/// and answers `after_deadlock`. Keyed or not, that effect must not persist and the answer must
+/// be `not-committed`; the retry (no deadlock) writes it once.
+async fn deadlock_victim_carries_on(keyed: bool, after_deadlock: StatusCode) {
     let Some((pool, store, table)) = mariadb(4).await else {
         return;
     };
@@ -277,7 +288,7 @@ async fn deadlock_victim_carries_on(keyed: bool) {
                         .map(MySqlDatabaseError::number);
                     // Carries on, as if the deadlock did not matter, and ignores what follows.
                     let _ = insert_mysql_effect(&mut tx, &table, &key).await;
-                    return StatusCode::CREATED;
+                    return after_deadlock;
                 }
                 insert_mysql_effect(&mut tx, &table, &key)
                     .await

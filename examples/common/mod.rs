@@ -69,3 +69,29 @@ pub async fn drain(engine: &tower_idempotency::Engine) {
         );
     }
 }
+
+/// Runs `start` (connecting to a database or a broker, creating tables) until it succeeds,
+/// with a jittered backoff (100 ms doubling up to 5 s) between tries and one warning per
+/// failure, for at most `STARTUP_PATIENCE_SECS` (default 60); then returns its last error.
+/// A service started together with its database or broker (a deploy, a machine's boot)
+/// waits for them instead of exiting.
+pub async fn retry_start<T, E, F>(what: &str, mut start: impl FnMut() -> F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let patience =
+        std::time::Duration::from_secs(number("STARTUP_PATIENCE_SECS", 60).unwrap_or(60));
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut backoff = tower_idempotency::broker::Backoff::default();
+    loop {
+        match start().await {
+            Ok(value) => return Ok(value),
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!("{what} failed ({error}); trying again");
+                backoff.wait().await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}

@@ -54,17 +54,23 @@ pub struct Backends {
 
 pub async fn connect(config: &Config) -> Result<Backends, Error> {
     let database = match &config.database_url {
-        Some(url) => {
-            let mut database = open_database(url).await?;
-            if config.events {
-                database = database.with_events();
-            }
-            database
-                .migrate()
-                .await
-                .map_err(|e| format!("creating the payments and outbox tables failed: {e}"))?;
-            Some(database)
-        }
+        // A database that is still starting (a deploy, a machine's boot) is waited for.
+        Some(url) => Some(
+            crate::pipeline::retry_start(
+                "connecting to the database and creating the tables",
+                || async {
+                    let mut database = open_database(url).await?;
+                    if config.events {
+                        database = database.with_events();
+                    }
+                    database.migrate().await.map_err(|e| {
+                        format!("creating the payments and outbox tables failed: {e}")
+                    })?;
+                    Ok::<_, Error>(database)
+                },
+            )
+            .await?,
+        ),
         None => None,
     };
 

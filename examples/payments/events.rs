@@ -38,21 +38,31 @@ impl RunningRelay {
         broker: pipeline::Broker,
     ) -> Result<(Self, String), Error> {
         let config = pipeline::relay_config()?;
+        let refusals = pipeline::refusal_policy()?;
         let (publisher, destination) = broker
             .publisher()
             .await
             .map_err(|e| format!("cannot reach the broker for the outbox relay: {e}"))?;
         let (stop, stopped) = oneshot::channel();
         let task = match database {
-            SqlPayments::Postgres(pool, _) => {
-                spawn(PgOutbox::new(pool.clone()), publisher, config, stopped)
-            }
-            SqlPayments::MySql(pool, _) => {
-                spawn(MySqlOutbox::new(pool.clone()), publisher, config, stopped)
-            }
-            SqlPayments::Sqlite(pool, _) => {
-                spawn(SqliteOutbox::new(pool.clone()), publisher, config, stopped)
-            }
+            SqlPayments::Postgres(pool, _) => spawn(
+                PgOutbox::new(pool.clone()).refusals(refusals),
+                publisher,
+                config,
+                stopped,
+            ),
+            SqlPayments::MySql(pool, _) => spawn(
+                MySqlOutbox::new(pool.clone()).refusals(refusals),
+                publisher,
+                config,
+                stopped,
+            ),
+            SqlPayments::Sqlite(pool, _) => spawn(
+                SqliteOutbox::new(pool.clone()).refusals(refusals),
+                publisher,
+                config,
+                stopped,
+            ),
         };
         Ok((Self { stop, task }, destination))
     }

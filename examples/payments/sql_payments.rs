@@ -197,19 +197,11 @@ impl SqlPayments {
     async fn migrate_payments(&self) -> Result<(), sqlx::Error> {
         match self {
             // Concurrent `CREATE TABLE IF NOT EXISTS` can fail on PostgreSQL (both sessions
-            // pass the existence check, one then violates a catalog unique index), so the
-            // migrations take turns behind a transaction-scoped advisory lock.
+            // pass the existence check, one then violates a catalog unique index): the
+            // library's migration path takes turns behind an advisory lock.
             Self::Postgres(pool, _) => {
-                let mut tx = pool.begin().await?;
-                sqlx::query(
-                    "SELECT pg_advisory_xact_lock(hashtextextended('payments example schema', 0))",
-                )
-                .execute(&mut *tx)
-                .await?;
-                for statement in SCHEMA {
-                    sqlx::query(statement).execute(&mut *tx).await?;
-                }
-                tx.commit().await
+                tower_idempotency::sql::migrate_postgres(pool, "payments", &SCHEMA.join(";\n"))
+                    .await
             }
             // MySQL queues concurrent DDL on a table behind its metadata lock, and SQLite
             // behind its write lock (the busy timeout makes the second one wait): the loser

@@ -13,7 +13,7 @@ use std::time::Duration;
 #[path = "../common/mod.rs"]
 mod common;
 #[allow(unused_imports)] // each example uses a part
-pub use common::{drain, init_logs, number, shutdown_signal, var};
+pub use common::{drain, init_logs, number, retry_start, shutdown_signal, var};
 
 use tower_idempotency::{
     broker::{
@@ -21,7 +21,7 @@ use tower_idempotency::{
         nats::{NatsPublisher, NatsTopology},
         BrokerError, Publisher,
     },
-    outbox::RelayConfig,
+    outbox::{RefusalPolicy, RelayConfig},
 };
 
 /// The routing key of the event (RabbitMQ) and the outbox topic.
@@ -88,26 +88,41 @@ impl Broker {
         }
     }
 
-    /// Connects a relay's publisher (declaring the topology) and says where it publishes,
-    /// for the startup log: `RabbitMQ exchange payments` or `NATS JetStream stream PAYMENTS`.
-    pub async fn publisher(self) -> Result<(Box<dyn Publisher>, String), BrokerError> {
+    /// Connects a relay's publisher (declaring the topology), trying again while the broker
+    /// cannot be reached ([`retry_start`]), and says where it publishes, for the startup log:
+    /// `RabbitMQ exchange payments` or `NATS JetStream stream PAYMENTS`. Once connected, the
+    /// publisher reconnects by itself.
+    pub async fn publisher(&self) -> Result<(Box<dyn Publisher>, String), BrokerError> {
+        retry_start("connecting to the broker", || self.connect_publisher()).await
+    }
+
+    async fn connect_publisher(&self) -> Result<(Box<dyn Publisher>, String), BrokerError> {
         Ok(match self {
             Broker::Amqp { url, topology } => (
-                Box::new(AmqpPublisher::connect(&url, &topology).await?),
+                Box::new(AmqpPublisher::connect(url, topology).await?),
                 format!("RabbitMQ exchange {}", topology.exchange),
             ),
             Broker::Nats {
                 url,
                 topology,
                 subject,
-            } => (
-                Box::new(
-                    NatsPublisher::connect(&url, &topology)
-                        .await?
-                        .route(move |_| subject.clone()),
-                ),
-                format!("NATS JetStream stream {}", topology.stream),
-            ),
+            } => {
+                let subject = subject.clone();
+                // The event goes to the stream's subject; any other topic to a subject of its
+                // own name, which no stream covers: the broker refuses it, and the relay
+                // parks the row after its attempts.
+                let route = move |topic: &str| {
+                    if topic == TOPIC {
+                        subject.clone()
+                    } else {
+                        topic.to_owned()
+                    }
+                };
+                (
+                    Box::new(NatsPublisher::connect(url, topology).await?.route(route)),
+                    format!("NATS JetStream stream {}", topology.stream),
+                )
+            }
         })
     }
 }
@@ -117,6 +132,21 @@ pub fn relay_config() -> Result<RelayConfig, String> {
     Ok(RelayConfig {
         poll_interval: Duration::from_millis(number("OUTBOX_POLL_MS", 1000)?),
         ..RelayConfig::default()
+    })
+}
+
+/// What the relay does with rows the broker refuses: `OUTBOX_REFUSAL_ATTEMPTS` (refusals
+/// before a row is parked, default 10) and `OUTBOX_REFUSAL_DELAY_MS` (the first wait after a
+/// refusal, doubling up to a minute; default 1000).
+pub fn refusal_policy() -> Result<RefusalPolicy, String> {
+    let default = RefusalPolicy::default();
+    Ok(RefusalPolicy {
+        max_attempts: number("OUTBOX_REFUSAL_ATTEMPTS", default.max_attempts)?,
+        first_delay: Duration::from_millis(number(
+            "OUTBOX_REFUSAL_DELAY_MS",
+            u64::try_from(default.first_delay.as_millis()).unwrap_or(u64::MAX),
+        )?),
+        ..default
     })
 }
 

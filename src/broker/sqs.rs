@@ -18,16 +18,13 @@
 //! Consuming ([`SqsSubscriber`]): long-polling `ReceiveMessage`; an ack deletes the message
 //! with the receipt handle of this receive (after the inbox commit: a delete that fails or
 //! comes late is harmless, the copy comes back and is a duplicate). While a delivery is held,
-//! a heartbeat task extends its visibility (`ChangeMessageVisibility`) every third of the
+//! the [inbox consumer](crate::inbox::Consumer) extends its visibility
+//! ([`keep_alive`](Delivery::keep_alive), `ChangeMessageVisibility`) every third of the
 //! visibility timeout, so a slow handler or a database outage does not hand the message to
-//! another consumer nor raise its receive count; it stops when the delivery is settled or
-//! dropped. `ApproximateReceiveCount` is the delivery count.
+//! another consumer nor raise its receive count. `ApproximateReceiveCount` is the delivery
+//! count.
 
-use std::{
-    collections::VecDeque,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use aws_sdk_sqs::{
@@ -82,7 +79,7 @@ pub struct SqsTopology {
     /// The queue name; a FIFO queue's ends in `.fifo`.
     pub queue: String,
     /// How long a received message stays invisible to other consumers (the queue's
-    /// `VisibilityTimeout`); the heartbeat extends it while a delivery is held.
+    /// `VisibilityTimeout`); the consumer extends it while it holds a delivery.
     pub visibility_timeout: Duration,
     /// Receives of one message before SQS moves it to the dead-letter queue by itself (the
     /// redrive policy's `maxReceiveCount`), a backstop against a message that kills its
@@ -412,8 +409,9 @@ impl SqsSubscriber {
     }
 
     /// Messages taken per receive, 1 to 10 (default 10). Received messages wait in the
-    /// subscriber until [`next`](Subscriber::next) hands them out; their heartbeat runs
-    /// meanwhile, so a batch larger than the consumer's concurrency costs no redelivery.
+    /// subscriber until [`next`](Subscriber::next) hands them out, and their visibility
+    /// timeout runs meanwhile: keep the batch at most the consumer's concurrency when
+    /// handlers take a good part of the timeout.
     pub fn batch(mut self, batch: u8) -> Self {
         self.batch = i32::from(batch.clamp(1, MAX_BATCH as u8));
         self
@@ -425,10 +423,12 @@ impl SqsSubscriber {
         self
     }
 
-    /// Whether held deliveries extend their visibility by themselves (default on). Off, a
-    /// handler slower than the visibility timeout sees its message delivered again to another
-    /// consumer while it works (the inbox keeps the effect single, at the cost of the second
-    /// delivery), unless the caller calls [`keep_alive`](Delivery::keep_alive) itself.
+    /// Whether deliveries ask to be kept alive (default on): their
+    /// [`keep_alive_every`](Delivery::keep_alive_every) is a third of the visibility timeout,
+    /// and the [inbox consumer](crate::inbox::Consumer) extends the visibility that often
+    /// while it works. Off, it is `None`: a handler slower than the visibility timeout sees
+    /// its message delivered again to another consumer while it works (the inbox keeps the
+    /// effect single, at the cost of the second delivery).
     pub fn heartbeat(mut self, on: bool) -> Self {
         self.heartbeat = on;
         self
@@ -451,13 +451,11 @@ impl SqsSubscriber {
             let Some(receipt) = message.receipt_handle.clone() else {
                 continue;
             };
-            let heartbeat = (self.heartbeat && !self.shared.visibility.is_zero())
-                .then(|| Heartbeat::start(self.shared.clone(), receipt.clone()));
             self.received.push_back(SqsDelivery {
                 shared: self.shared.clone(),
                 receipt,
                 message,
-                heartbeat: Mutex::new(heartbeat),
+                heartbeat: self.heartbeat,
             });
         }
         Ok(())
@@ -493,31 +491,6 @@ impl Subscriber for SqsSubscriber {
     }
 }
 
-/// Extends a delivery's visibility every third of the visibility timeout until dropped.
-struct Heartbeat(tokio::task::JoinHandle<()>);
-
-impl Heartbeat {
-    fn start(shared: Arc<Shared>, receipt: String) -> Self {
-        Self(tokio::spawn(async move {
-            let every = shared.visibility / 3;
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(error) = extend(&shared, &receipt, shared.visibility).await {
-                    // The next beat tries again; past the timeout the message is another
-                    // consumer's, and the inbox tells the copy.
-                    tracing::warn!(error = %super::error_chain(&error), "sqs: extending a message's visibility failed");
-                }
-            }
-        }))
-    }
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 async fn extend(shared: &Shared, receipt: &str, by: Duration) -> Result<(), BrokerError> {
     let change = shared
         .client
@@ -537,23 +510,15 @@ pub struct SqsDelivery {
     shared: Arc<Shared>,
     receipt: String,
     message: aws_sdk_sqs::types::Message,
-    heartbeat: Mutex<Option<Heartbeat>>,
+    heartbeat: bool,
 }
 
 impl SqsDelivery {
-    fn stop_heartbeat(&self) {
-        if let Ok(mut heartbeat) = self.heartbeat.lock() {
-            heartbeat.take();
-        }
-    }
-
     async fn change_visibility(&self, to: Duration) -> Result<(), BrokerError> {
-        self.stop_heartbeat();
         extend(&self.shared, &self.receipt, to).await
     }
 
     async fn delete(&self) -> Result<(), BrokerError> {
-        self.stop_heartbeat();
         let delete = self
             .shared
             .client
@@ -651,7 +616,8 @@ impl Delivery for SqsDelivery {
     }
 
     fn keep_alive_every(&self) -> Option<Duration> {
-        Some(self.shared.visibility / 3)
+        // A third of the timeout: two extensions may be late before the message is visible.
+        (self.heartbeat && !self.shared.visibility.is_zero()).then(|| self.shared.visibility / 3)
     }
 
     async fn keep_alive(&self) -> Result<(), BrokerError> {

@@ -53,6 +53,26 @@ impl AsDuplicate {
     }
 }
 
+/// Rolls a failed operation back. If the database had rolled its transaction back under the
+/// handler (a deadlock's victim; on Galera, a brute-force abort by a write set of the same key
+/// that certified first), the handler's failure is an echo of that, not the request's outcome:
+/// a keyed request is then answered as a duplicate (the winner's outcome, or `not-committed`
+/// when nobody holds the key), like a commit that lost its key.
+async fn lost_under_handler(
+    owner: Box<dyn HttpOwner>,
+    duplicate: Option<AsDuplicate>,
+) -> Option<AsDuplicate> {
+    let Some(duplicate) = duplicate else {
+        owner.rollback().await;
+        return None;
+    };
+    if owner.rollback_lost().await {
+        tracing::debug!(key = %duplicate.key.log_id(), "the database rolled the transaction back under the handler; answering as a duplicate");
+        return Some(duplicate);
+    }
+    None
+}
+
 /// Runs the inner service on the owner's transaction and commits its response with it. The
 /// client gets the handler's answer only if that commit succeeded; if another request
 /// recorded the key first, it gets that request's answer (`duplicate`).
@@ -94,7 +114,9 @@ where
     if outcome == Outcome::NotFinal {
         // Not an outcome: its writes go too, so a retry starts from a clean slate.
         tracing::debug!(status = %response.status(), "outcome not final; rolling back");
-        owner.rollback().await;
+        if let Some(duplicate) = lost_under_handler(owner, duplicate).await {
+            return Ok(duplicate.answer(&config, protocol).await);
+        }
         return Ok(response.map(body::boxed));
     }
     let (parts, response_body) = response.into_parts();
@@ -108,7 +130,9 @@ where
         {
             // A gRPC call that failed with a status not to store: its writes go too.
             tracing::debug!("gRPC status not final; rolling back");
-            owner.rollback().await;
+            if let Some(duplicate) = lost_under_handler(owner, duplicate).await {
+                return Ok(duplicate.answer(&config, protocol).await);
+            }
             let body = match trailers {
                 Some(trailers) => body::with_trailers(data, trailers),
                 None => body::full(data),

@@ -47,6 +47,9 @@ pub(crate) trait HttpOwner: Send {
     fn lend(&self, extensions: &mut http::Extensions);
     async fn commit(self: Box<Self>, payload: Bytes) -> Result<(), CommitError>;
     async fn rollback(self: Box<Self>);
+    /// Rolls back; `true` when the database had rolled the transaction back under the
+    /// handler (see [`TxOwner::rollback_lost`]).
+    async fn rollback_lost(self: Box<Self>) -> bool;
 }
 
 impl<DB: sqlx::Database> From<TxBegin<DB>> for HttpBegin {
@@ -97,6 +100,10 @@ impl<DB: sqlx::Database> HttpOwner for TxOwner<DB> {
 
     async fn rollback(self: Box<Self>) {
         TxOwner::rollback(*self).await
+    }
+
+    async fn rollback_lost(self: Box<Self>) -> bool {
+        TxOwner::rollback_lost(*self).await
     }
 }
 

@@ -1,11 +1,11 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use tokio::{task::JoinSet, time::Instant};
+use tokio::{sync::watch, task::JoinSet, time::Instant};
 
 use super::{InboxClaim, InboxError, InboxStore};
 use crate::broker::error_chain;
-use crate::broker::{BrokerError, Delivery, Subscriber};
+use crate::broker::{Backoff, BrokerError, Delivery, Subscriber};
 use crate::BoxError;
 
 /// A decoded message, as the [`Handler`] sees it.
@@ -15,7 +15,9 @@ pub struct Message {
     pub id: String,
     /// The body, parsed as JSON.
     pub payload: serde_json::Value,
-    /// Which delivery this is, counting from 1.
+    /// Which run of the handler this is, counting from 1: one more than the handler failures
+    /// the inbox counted for this message (read only on a redelivery). Deliveries that failed
+    /// for the database's or the broker's sake do not count.
     pub attempt: u32,
 }
 
@@ -23,7 +25,9 @@ pub struct Message {
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
     /// A failure that may pass (a deadlock, a timeout): the message is delivered again, up
-    /// to [`ConsumerConfig::max_attempts`] deliveries, then dead-lettered.
+    /// to [`ConsumerConfig::max_attempts`] failures, then dead-lettered. A source that says
+    /// the database could not be reached (a sqlx I/O, TLS, pool or connection error) is no
+    /// failure of the handler: the message is held and tried again like any other outage.
     #[error("handler failed; the message will be retried")]
     Retry(#[source] BoxError),
     /// The message can never be handled (a field missing, a wrong type): dead-letter it now.
@@ -48,11 +52,21 @@ pub trait Handler<DB: sqlx::Database>: Send + Sync + 'static {
 pub struct ConsumerConfig {
     /// Deliveries handled at once (default 8). Use it as the broker prefetch too.
     pub concurrency: usize,
-    /// Deliveries of one message before a failing handler's message is dead-lettered
-    /// (default 5).
+    /// Handler failures of one message before it is dead-lettered (default 5). They are
+    /// counted in the database ([`InboxStore::count_failure`]), so they survive
+    /// redeliveries and restarts; the database or the broker failing counts nothing.
     pub max_attempts: u32,
     /// Delay before a failed message is delivered again (default 1 s).
     pub retry_delay: Duration,
+    /// How long a delivery is held while the database cannot be reached (a failed `BEGIN`,
+    /// claim or `COMMIT`, a pool timeout), tried again after each wait of `outage_backoff`,
+    /// before it is given back to the broker, which delivers it again (default 60 s). The
+    /// deliveries held fill the consumer's concurrency, so no new ones are taken meanwhile:
+    /// an outage costs latency, never an attempt or a dead letter.
+    pub outage_patience: Duration,
+    /// The waits between two tries while the database cannot be reached (default 100 ms,
+    /// doubling up to 5 s, jittered).
+    pub outage_backoff: Backoff,
     /// First pause after a [`Busy`](InboxClaim::Busy) claim; it doubles up to 1 s
     /// (default 50 ms), and no pause lasts past `busy_patience`.
     pub busy_pause: Duration,
@@ -71,6 +85,8 @@ impl Default for ConsumerConfig {
             concurrency: 8,
             max_attempts: 5,
             retry_delay: Duration::from_secs(1),
+            outage_patience: Duration::from_secs(60),
+            outage_backoff: Backoff::default(),
             busy_pause: Duration::from_millis(50),
             busy_patience: Duration::from_secs(60),
             retention: Duration::from_secs(7 * 24 * 3600),
@@ -88,7 +104,8 @@ pub enum Outcome {
     Duplicate,
     /// Poison (not JSON, no id), rejected by the handler, or out of attempts.
     DeadLettered,
-    /// Given back to the broker for a later delivery.
+    /// Given back to the broker for a later delivery (a handler failure, a copy busy too
+    /// long, a database out of reach for longer than the outage patience).
     Retried,
     /// Settling with the broker failed; the broker delivers it again.
     Unsettled,
@@ -152,6 +169,8 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), BrokerError> {
         tokio::pin!(shutdown);
+        // Tells the deliveries held through a database outage to give up at shutdown.
+        let (stop, stopping) = watch::channel(false);
         let mut running = JoinSet::new();
         let mut next_purge = Instant::now();
         let result = loop {
@@ -172,13 +191,15 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
             match delivery {
                 Ok(delivery) => {
                     let this = self.clone();
+                    let stopping = stopping.clone();
                     running.spawn(async move {
-                        this.process(&delivery).await;
+                        this.process_until(&delivery, stopping).await;
                     });
                 }
                 Err(error) => break Err(error),
             }
         };
+        stop.send_replace(true);
         while running.join_next().await.is_some() {}
         subscriber.close().await;
         result
@@ -209,9 +230,18 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
     }
 
     /// Handles one delivery and settles it with the broker: ack after commit, ack a
-    /// duplicate, retry a failure, dead-letter poison.
+    /// duplicate, retry a failure, dead-letter poison, hold it through a database outage.
     pub async fn process<D: Delivery>(&self, delivery: &D) -> Outcome {
-        let name = &self.inner.name;
+        let (_never, stopping) = watch::channel(false);
+        self.process_until(delivery, stopping).await
+    }
+
+    /// [`process`](Self::process), giving a held delivery back when `stopping` turns true.
+    async fn process_until<D: Delivery>(
+        &self,
+        delivery: &D,
+        stopping: watch::Receiver<bool>,
+    ) -> Outcome {
         let Some(id) = delivery.message_id().map(str::to_owned) else {
             return self
                 .dead_letter(delivery, "<none>", "it has no message id")
@@ -224,54 +254,100 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
                 return self.dead_letter(delivery, &id, &reason).await;
             }
         };
-        let message = Message {
+        let mut message = Message {
             id,
             payload,
-            attempt: delivery.delivery_count(),
+            attempt: 1,
         };
+        let decision = kept_alive(delivery, self.decide(delivery, &mut message, stopping)).await;
+        match decision {
+            Decision::Ack(outcome) => settle(delivery.ack().await, outcome),
+            Decision::Retry(why) => self.retry(delivery, &message, &why).await,
+            Decision::DeadLetter(reason) => self.dead_letter(delivery, &message.id, &reason).await,
+        }
+    }
+
+    /// Runs attempts until one decides the delivery's fate.
+    async fn decide<D: Delivery>(
+        &self,
+        delivery: &D,
+        message: &mut Message,
+        mut stopping: watch::Receiver<bool>,
+    ) -> Decision {
+        let name = &self.inner.name;
         let config = &self.inner.config;
-        let deadline = crate::clock::deadline_in(config.busy_patience);
+        let redelivered = delivery.delivery_count() > 1;
+        let busy_deadline = crate::clock::deadline_in(config.busy_patience);
         let mut pause = config.busy_pause;
+        // Since when the database is out of reach, and the waits between tries.
+        let mut outage: Option<(Instant, Backoff)> = None;
         loop {
-            match self.attempt(&message).await {
-                Ok(InboxClaim::New) => return settle(delivery.ack().await, Outcome::Handled),
+            let why = match self.attempt(message, redelivered).await {
+                Ok(InboxClaim::New) => return Decision::Ack(Outcome::Handled),
                 Ok(InboxClaim::Duplicate) => {
                     tracing::debug!(consumer = %name, message_id = %message.id, "duplicate delivery; acked");
-                    return settle(delivery.ack().await, Outcome::Duplicate);
+                    return Decision::Ack(Outcome::Duplicate);
                 }
-                Ok(InboxClaim::Busy) if Instant::now() < deadline => {
+                Ok(InboxClaim::Busy) if Instant::now() < busy_deadline => {
                     // No connection is held while we wait for the other copy to finish, and
                     // never past the patience, however long the pause.
                     tokio::time::sleep_until(
-                        deadline.min(Instant::now() + pause.min(MAX_BUSY_PAUSE)),
+                        busy_deadline.min(Instant::now() + pause.min(MAX_BUSY_PAUSE)),
                     )
                     .await;
                     pause = pause.saturating_mul(2).min(MAX_BUSY_PAUSE);
+                    continue;
                 }
                 Ok(InboxClaim::Busy) => {
-                    return self
-                        .retry(delivery, &message, "another copy is still being handled")
-                        .await
+                    return Decision::Retry("another copy is still being handled".into())
                 }
-                Err(Failure::Rejected(reason)) => {
-                    return self.dead_letter(delivery, &message.id, &reason).await
-                }
-                Err(Failure::Retry(error)) => {
-                    if message.attempt >= config.max_attempts {
-                        let reason = format!(
-                            "the handler failed on delivery {} of {} ({})",
-                            message.attempt, config.max_attempts, error
-                        );
-                        return self.dead_letter(delivery, &message.id, &reason).await;
+                Err(Failure::Rejected(reason)) => return Decision::DeadLetter(reason),
+                Err(Failure::Handler(error)) => {
+                    match self.inner.inbox.count_failure(name, &message.id).await {
+                        Ok(failures) if failures >= config.max_attempts => {
+                            return Decision::DeadLetter(format!(
+                                "the handler failed {failures} times, the most allowed is {}                                  (last: {error})",
+                                config.max_attempts
+                            ))
+                        }
+                        Ok(_) => return Decision::Retry(error),
+                        // Not counted, so not the handler's: held like any other outage.
+                        Err(counting) => format!(
+                            "the handler failed ({error}) and its failure could not be counted: {}",
+                            error_chain(&counting)
+                        ),
                     }
-                    return self.retry(delivery, &message, &error).await;
                 }
+                Err(Failure::Infrastructure(why)) => why,
+            };
+            let (since, backoff) = outage.get_or_insert_with(|| {
+                tracing::warn!(
+                    consumer = %name,
+                    message_id = %message.id,
+                    "the database failed ({why}); holding the message and trying again, \
+                     no attempt counted"
+                );
+                (Instant::now(), config.outage_backoff.clone())
+            });
+            if since.elapsed() >= config.outage_patience || *stopping.borrow() {
+                return Decision::Retry(format!(
+                    "the database failed for {:?} ({why}); no attempt counted",
+                    since.elapsed()
+                ));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+                _ = stopping.wait_for(|&stop| stop) => {}
             }
         }
     }
 
     /// One transaction: claim, then the handler, then commit.
-    async fn attempt(&self, message: &Message) -> Result<InboxClaim, Failure> {
+    async fn attempt(
+        &self,
+        message: &mut Message,
+        redelivered: bool,
+    ) -> Result<InboxClaim, Failure> {
         let inner = &self.inner;
         let mut tx = inner
             .inbox
@@ -283,20 +359,36 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
             .inbox
             .claim(&mut *tx, &inner.name, &message.id)
             .await
-            .map_err(|e| Failure::Retry(error_chain(&e)))?;
+            .map_err(|e| Failure::Infrastructure(error_chain(&e)))?;
         if claim != InboxClaim::New {
             // Dropping `tx` rolls it back (and a busy claim's transaction is aborted anyway).
             return Ok(claim);
         }
+        if redelivered {
+            let failures = inner
+                .inbox
+                .failures(&mut *tx, &inner.name, &message.id)
+                .await
+                .map_err(|e| Failure::Infrastructure(error_chain(&e)))?;
+            message.attempt = failures.saturating_add(1);
+        }
         match inner.handler.handle(&mut *tx, message).await {
             Ok(()) => {
+                // A commit that fails may have committed anyway: the next try's claim tells
+                // (a duplicate, acked, or a fresh claim that runs the handler).
                 tx.commit().await.map_err(Failure::database)?;
                 Ok(InboxClaim::New)
             }
             Err(HandlerError::Reject(reason)) => Err(Failure::Rejected(format!(
                 "the handler rejected it: {reason}"
             ))),
-            Err(error @ HandlerError::Retry(_)) => Err(Failure::Retry(error_chain(&error))),
+            Err(HandlerError::Retry(source)) if unreachable_database(&*source) => {
+                Err(Failure::Infrastructure(format!(
+                    "the handler could not reach the database: {}",
+                    error_chain(&*source)
+                )))
+            }
+            Err(error @ HandlerError::Retry(_)) => Err(Failure::Handler(error_chain(&error))),
         }
     }
 
@@ -323,14 +415,71 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
     }
 }
 
+/// Why an attempt did not handle the message.
 enum Failure {
-    Retry(String),
+    /// The handler failed: one attempt spent.
+    Handler(String),
+    /// The database or the pool failed: no attempt spent; the delivery is held.
+    Infrastructure(String),
+    /// Never handleable: dead-letter it.
     Rejected(String),
 }
 
 impl Failure {
     fn database(error: sqlx::Error) -> Self {
-        Failure::Retry(error_chain(&InboxError::Database(error)))
+        Failure::Infrastructure(error_chain(&InboxError::Database(error)))
+    }
+}
+
+/// What becomes of a delivery.
+enum Decision {
+    Ack(Outcome),
+    Retry(String),
+    DeadLetter(String),
+}
+
+/// Whether `error` (a handler's) says that the database could not be reached rather than
+/// that the handler's work failed: a sqlx connection, pool or I/O error anywhere in its
+/// sources, or a server that is going away (SQLSTATE class 08, `57P0x`).
+fn unreachable_database(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
+            return match error {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                sqlx::Error::Database(error) => error
+                    .code()
+                    .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
+                _ => false,
+            };
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// Runs `work` while keeping the broker's lease on `delivery` (NATS `+WPI`, SQS visibility),
+/// so a slow handler or a delivery held through an outage is not handed to another consumer.
+async fn kept_alive<D: Delivery, T>(delivery: &D, work: impl Future<Output = T>) -> T {
+    let Some(every) = delivery.keep_alive_every().filter(|every| !every.is_zero()) else {
+        return work.await;
+    };
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tick.tick() => {
+                if let Err(error) = delivery.keep_alive().await {
+                    tracing::debug!(error = %error_chain(&error), "keeping a delivery failed; the broker may deliver it again");
+                }
+            }
+        }
     }
 }
 

@@ -22,7 +22,20 @@
 //! redelivered after its id was purged would run again, so keep the window longer than any
 //! redelivery (broker retention, ack wait, replays).
 //!
-//! [`Consumer`] runs the whole loop against a [`Subscriber`](crate::broker::Subscriber).
+//! Only the handler spends attempts. A handler failure ([`HandlerError::Retry`]) is counted
+//! in a table beside the inbox's (`tower_inbox_failures`, one upsert per failure, read only
+//! on a redelivery, purged with the ids), so the count survives redeliveries, restarts and
+//! other consumers; the message is dead-lettered when it reaches
+//! [`ConsumerConfig::max_attempts`]. The broker's delivery count is no budget: it also rises
+//! when a connection drops. The database failing is not the handler's failure: a failed
+//! `BEGIN`, claim or `COMMIT`, a pool timeout, a handler statement that could not reach the
+//! server, or a failure that could not be counted holds the delivery and tries again with
+//! jittered backoff ([`ConsumerConfig::outage_patience`]), and a commit whose answer was lost
+//! is settled by the next try's claim: a duplicate if it committed, a fresh run if not.
+//!
+//! [`Consumer`] runs the whole loop against a [`Subscriber`](crate::broker::Subscriber),
+//! keeping the broker's lease on each delivery while it works
+//! ([`Delivery::keep_alive`](crate::broker::Delivery::keep_alive)).
 
 use std::time::Duration;
 
@@ -92,6 +105,22 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         message_id: &str,
     ) -> Result<InboxClaim, InboxError>;
 
-    /// Deletes at most `limit` ids received more than `retention` ago; returns how many.
+    /// Deletes at most `limit` ids received more than `retention` ago, and as many failure
+    /// counts last bumped that long ago; returns how many rows went.
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError>;
+
+    /// Counts one more failure of the handler on `message_id` for `consumer`, in a statement
+    /// of its own (the handler's transaction was rolled back), and returns the count so far.
+    /// The count lives in the database, beside the inbox: it survives redeliveries,
+    /// restarts and other consumers, and only handler failures raise it.
+    async fn count_failure(&self, consumer: &str, message_id: &str) -> Result<u32, InboxError>;
+
+    /// The handler failures counted so far on `message_id` for `consumer`, read in the
+    /// caller's transaction.
+    async fn failures(
+        &self,
+        conn: &mut <Self::Database as sqlx::Database>::Connection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<u32, InboxError>;
 }

@@ -28,6 +28,14 @@ const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 ///     PRIMARY KEY (consumer, message_id),
 ///     INDEX (received_at)
 /// ) ENGINE = InnoDB;
+/// -- handler failures per message (`received_at`: the latest), purged with the ids
+/// CREATE TABLE IF NOT EXISTS tower_inbox_failures (
+///     consumer    VARCHAR(191) NOT NULL,
+///     message_id  VARCHAR(191) NOT NULL,
+///     failures    BIGINT       NOT NULL,
+///     received_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+///     PRIMARY KEY (consumer, message_id)
+/// ) ENGINE = InnoDB;
 /// ```
 pub type MySqlInbox = SqlInbox<MySql>;
 
@@ -39,16 +47,49 @@ impl Dialect for MySql {
         1
     }
 
-    fn schema(t: &str, index: &str) -> Vec<String> {
-        vec![format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
+    fn schema(t: &str, index: &str, f: &str) -> Vec<String> {
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
     consumer    VARCHAR(191) NOT NULL,
     message_id  VARCHAR(191) NOT NULL,
     received_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     PRIMARY KEY (consumer, message_id),
     INDEX {index} (received_at)
 ) ENGINE = InnoDB"
-        )]
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {f} (
+    consumer    VARCHAR(191) NOT NULL,
+    message_id  VARCHAR(191) NOT NULL,
+    failures    BIGINT       NOT NULL,
+    received_at DATETIME(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    PRIMARY KEY (consumer, message_id)
+) ENGINE = InnoDB"
+            ),
+        ]
+    }
+
+    // No RETURNING on MySQL: `LAST_INSERT_ID(expr)` hands the new count back in the
+    // statement's own answer, one round trip.
+    fn count_failure(f: &str) -> String {
+        format!(
+            "INSERT INTO {f} (consumer, message_id, failures) VALUES (?, ?, LAST_INSERT_ID(1))
+                 ON DUPLICATE KEY UPDATE failures = LAST_INSERT_ID(failures + 1),
+                                         received_at = CURRENT_TIMESTAMP(6)"
+        )
+    }
+
+    async fn run_count_failure(
+        pool: &sqlx::MySqlPool,
+        count: Query<Self>,
+    ) -> Result<i64, sqlx::Error> {
+        let done = count.execute(pool).await?;
+        Ok(i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX))
+    }
+
+    fn failures_of(f: &str) -> String {
+        format!("SELECT failures FROM {f} WHERE consumer = ? AND message_id = ?")
     }
 
     fn claim(t: &str) -> String {
@@ -97,14 +138,15 @@ impl MySqlInbox {
         self
     }
 
-    /// Creates the table if it does not exist.
+    /// Creates the tables if they do not exist.
     pub async fn migrate(&self) -> Result<(), InboxError> {
         sql::execute_each(&self.pool, &self.sql.schema).await?;
         Ok(())
     }
 
-    /// The DDL [`migrate`](Self::migrate) runs, for your own migrations.
-    pub fn schema_sql(&self) -> &str {
-        &self.sql.schema[0]
+    /// The DDL [`migrate`](Self::migrate) runs, one statement per item, for your own
+    /// migrations.
+    pub fn schema_sql(&self) -> &[String] {
+        &self.sql.schema
     }
 }

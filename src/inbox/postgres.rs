@@ -20,6 +20,14 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 ///     received_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
 ///     PRIMARY KEY (consumer, message_id)
 /// );
+/// -- handler failures per message (`received_at`: the latest), purged with the ids
+/// CREATE TABLE IF NOT EXISTS tower_inbox_failures (
+///     consumer    TEXT COLLATE "C" NOT NULL,
+///     message_id  TEXT COLLATE "C" NOT NULL,
+///     failures    BIGINT           NOT NULL,
+///     received_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
+///     PRIMARY KEY (consumer, message_id)
+/// );
 /// ```
 ///
 /// The id columns compare bytewise (`COLLATE "C"`), as message ids are opaque: the primary
@@ -35,7 +43,7 @@ impl Dialect for Postgres {
         "100ms".to_owned()
     }
 
-    fn schema(t: &str, index: &str) -> Vec<String> {
+    fn schema(t: &str, index: &str, f: &str) -> Vec<String> {
         vec![format!(
             "CREATE TABLE IF NOT EXISTS {t} (
     consumer    TEXT COLLATE \"C\" NOT NULL,
@@ -44,8 +52,36 @@ impl Dialect for Postgres {
     PRIMARY KEY (consumer, message_id)
 );
 CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at);
+CREATE TABLE IF NOT EXISTS {f} (
+    consumer    TEXT COLLATE \"C\" NOT NULL,
+    message_id  TEXT COLLATE \"C\" NOT NULL,
+    failures    BIGINT           NOT NULL,
+    received_at TIMESTAMPTZ      NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_id)
+);
 "
         )]
+    }
+
+    fn count_failure(f: &str) -> String {
+        format!(
+            "INSERT INTO {f} AS f (consumer, message_id, failures) VALUES ($1, $2, 1)
+                 ON CONFLICT (consumer, message_id)
+                 DO UPDATE SET failures = f.failures + 1, received_at = now()
+                 RETURNING failures"
+        )
+    }
+
+    async fn run_count_failure(
+        pool: &sqlx::PgPool,
+        count: Query<Self>,
+    ) -> Result<i64, sqlx::Error> {
+        let row = count.fetch_one(pool).await?;
+        sqlx::Row::try_get(&row, 0)
+    }
+
+    fn failures_of(f: &str) -> String {
+        format!("SELECT failures FROM {f} WHERE consumer = $1 AND message_id = $2")
     }
 
     // One round trip: set the short lock timeout, insert, put the setting back. The target
@@ -97,7 +133,7 @@ impl PgInbox {
         self
     }
 
-    /// Creates the table if it does not exist (safe when several processes start at once).
+    /// Creates the tables if they do not exist (safe when several processes start at once).
     pub async fn migrate(&self) -> Result<(), InboxError> {
         sql::migrate_postgres(&self.pool, self.sql.table.as_str(), self.schema_sql()).await?;
         Ok(())

@@ -44,9 +44,21 @@ pub(crate) mod sealed {
         /// The wait of a new inbox.
         fn default_wait() -> Self::Wait;
 
-        /// The DDL for table `t` and its index `index`, one item per statement `migrate`
-        /// sends (PostgreSQL and MySQL have one).
-        fn schema(t: &str, index: &str) -> Vec<String>;
+        /// The DDL for table `t`, its index `index` and its failure table `f`, one item per
+        /// statement `migrate` sends (PostgreSQL has one).
+        fn schema(t: &str, index: &str, f: &str) -> Vec<String>;
+
+        /// Adds one handler failure of `consumer, message_id` to the failure table `f`.
+        fn count_failure(f: &str) -> String;
+
+        /// Runs `count_failure` (`consumer, message_id` bound): the failures counted now.
+        fn run_count_failure<'c>(
+            pool: &'c sqlx::Pool<Self>,
+            count: Query<Self>,
+        ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'c;
+
+        /// The failures counted for `consumer, message_id` in `f` (no row: none).
+        fn failures_of(f: &str) -> String;
 
         /// The claim on `t`: inserts `consumer, message_id` unless the pair is there.
         fn claim(t: &str) -> String;
@@ -73,8 +85,14 @@ pub(super) struct Statements {
     /// The table; PostgreSQL's `migrate` takes its advisory lock on the name.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) table: TableName,
-    /// The DDL, one item per statement `migrate` sends (PostgreSQL and MySQL have one).
+    /// The DDL, one item per statement `migrate` sends (PostgreSQL has one).
     pub(crate) schema: Vec<String>,
+    /// Adds one handler failure of a message; returns the count.
+    pub(crate) count_failure: SqlStr,
+    /// Reads the handler failures of a message.
+    pub(crate) failures_of: SqlStr,
+    /// Deletes failure counts older than an age, at most a limit of them.
+    pub(crate) purge_failures: SqlStr,
     /// Inserts `consumer, message_id` unless the pair is there; how it is bound and run is
     /// the dialect's `insert`.
     pub(crate) claim: SqlStr,
@@ -85,10 +103,18 @@ pub(super) struct Statements {
 impl Statements {
     fn render<DB: InboxDatabase>(table: TableName) -> Self {
         let t = table.as_str();
+        // The failure table lives beside the inbox table, in its schema or database.
+        let f = match t.rsplit_once('.') {
+            Some((qualifier, _)) => format!("{qualifier}.{}", table.derived("failures")),
+            None => table.derived("failures"),
+        };
         Self {
-            schema: DB::schema(t, &table.derived("received_at_idx")),
+            schema: DB::schema(t, &table.derived("received_at_idx"), &f),
             claim: statement(DB::claim(t)),
             purge: statement(DB::purge(t)),
+            count_failure: statement(DB::count_failure(&f)),
+            failures_of: statement(DB::failures_of(&f)),
+            purge_failures: statement(DB::purge(&f)),
             table,
         }
     }
@@ -128,6 +154,10 @@ impl<DB> InboxStore for SqlInbox<DB>
 where
     DB: InboxDatabase,
     for<'a> &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
 {
     type Database = DB;
 
@@ -155,7 +185,37 @@ where
     }
 
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, InboxError> {
-        let query = sqlx::query(self.sql.purge.clone());
-        Ok(DB::run_purge(&self.pool, query, retention, limit.max(1)).await?)
+        let mut purged = 0;
+        for purge in [&self.sql.purge, &self.sql.purge_failures] {
+            let query = sqlx::query(purge.clone());
+            purged += DB::run_purge(&self.pool, query, retention, limit.max(1)).await?;
+        }
+        Ok(purged)
+    }
+
+    async fn count_failure(&self, consumer: &str, message_id: &str) -> Result<u32, InboxError> {
+        let count = sqlx::query(self.sql.count_failure.clone())
+            .bind(consumer)
+            .bind(message_id);
+        let failures = DB::run_count_failure(&self.pool, count).await?;
+        Ok(u32::try_from(failures).unwrap_or(u32::MAX))
+    }
+
+    async fn failures(
+        &self,
+        conn: &mut DB::Connection,
+        consumer: &str,
+        message_id: &str,
+    ) -> Result<u32, InboxError> {
+        let row = sqlx::query(self.sql.failures_of.clone())
+            .bind(consumer)
+            .bind(message_id)
+            .fetch_optional(conn)
+            .await?;
+        let failures: i64 = match row {
+            Some(row) => sqlx::Row::try_get(&row, 0)?,
+            None => 0,
+        };
+        Ok(u32::try_from(failures).unwrap_or(u32::MAX))
     }
 }

@@ -25,7 +25,7 @@ impl Dialect for Sqlite {
 
     fn default_wait() {}
 
-    fn schema(t: &str, index: &str) -> Vec<String> {
+    fn schema(t: &str, index: &str, f: &str) -> Vec<String> {
         vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
@@ -36,7 +36,38 @@ impl Dialect for Sqlite {
 )"
             ),
             format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (received_at)"),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {f} (
+    consumer    TEXT    NOT NULL,
+    message_id  TEXT    NOT NULL,
+    failures    INTEGER NOT NULL,
+    received_at INTEGER NOT NULL,
+    PRIMARY KEY (consumer, message_id)
+)"
+            ),
         ]
+    }
+
+    fn count_failure(f: &str) -> String {
+        format!(
+            "INSERT INTO {f} (consumer, message_id, failures, received_at)
+                 VALUES (?1, ?2, 1, {NOW_MS})
+                 ON CONFLICT (consumer, message_id)
+                 DO UPDATE SET failures = failures + 1, received_at = {NOW_MS}
+                 RETURNING failures"
+        )
+    }
+
+    async fn run_count_failure(
+        pool: &sqlx::SqlitePool,
+        count: Query<Self>,
+    ) -> Result<i64, sqlx::Error> {
+        let row = count.fetch_one(pool).await?;
+        sqlx::Row::try_get(&row, 0)
+    }
+
+    fn failures_of(f: &str) -> String {
+        format!("SELECT failures FROM {f} WHERE consumer = ?1 AND message_id = ?2")
     }
 
     fn claim(t: &str) -> String {
@@ -68,7 +99,7 @@ impl Dialect for Sqlite {
 }
 
 impl SqliteInbox {
-    /// Creates the table and its index if they do not exist.
+    /// Creates the tables and the index if they do not exist.
     pub async fn migrate(&self) -> Result<(), InboxError> {
         sql::execute_each(&self.pool, self.schema_sql()).await?;
         Ok(())

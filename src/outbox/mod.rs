@@ -97,7 +97,7 @@ pub use mysql::MySqlOutbox;
 pub use postgres::PgOutbox;
 pub use refusals::{ParkedRow, RefusalPolicy};
 pub use relay::{Relay, RelayConfig};
-pub use sql_outbox::{OutboxDatabase, SqlOutbox};
+pub use sql_outbox::{OutboxDatabase, SqlOutbox, DEFAULT_PUBLISH_TIMEOUT};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteOutbox;
 

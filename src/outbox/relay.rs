@@ -141,6 +141,7 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
                 drained = &mut drain => drained,
                 () = &mut shutdown => break Some(drain),
             };
+            let failed = drained.is_err();
             let pause = match drained {
                 // Stopped for the purge: the backlog goes on right after it.
                 Ok((_, purge_due)) => {
@@ -168,9 +169,11 @@ impl<S: OutboxSource, P: Publisher> Relay<S, P> {
                 next_purge = crate::clock::deadline_in(self.config.purge_every);
             }
             let Some(pause) = pause else { continue };
+            // After a failure only the backoff ends the wait: on a busy database commits wake
+            // the relay all the time, and would make it hammer a broker that is down.
             tokio::select! {
                 () = &mut shutdown => break None,
-                () = wake.notified() => {}
+                () = wake.notified(), if !failed => {}
                 () = tokio::time::sleep(pause) => {}
             }
         };

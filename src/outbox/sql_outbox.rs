@@ -479,6 +479,17 @@ where
     }
 
     /// The parked rows in sequence order, at most `limit`.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn example(outbox: tower_idempotency::outbox::PgOutbox) -> Result<(), Box<dyn std::error::Error>> {
+    /// for row in outbox.parked(100).await? {
+    ///     println!("{} ({}): refused {} times, last: {:?}", row.id, row.topic, row.attempts, row.last_error);
+    /// }
+    /// // The broker takes their topic now (the queue is bound): back in line, all of them.
+    /// let requeued = outbox.requeue_all_parked().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn parked(&self, limit: u32) -> Result<Vec<ParkedRow>, OutboxError> {
         let rows = sqlx::query(self.sql.parked.list.clone())
             .bind(i64::from(limit))

@@ -90,22 +90,44 @@ fn corrupt(backend: &'static str, detail: String) -> StoreError {
     StoreError::Corrupt { backend, detail }
 }
 
-/// Runs `schema` (several statements) on PostgreSQL in one transaction under an advisory lock
-/// named after `table`, so that processes starting at once do not race on `CREATE .. IF NOT
-/// EXISTS` (which is not safe against a concurrent create of the same table).
+/// Runs `schema` (one or more statements) on PostgreSQL the way this crate creates its own
+/// tables: in one transaction, under a transaction-scoped advisory lock named after `name`,
+/// so that processes starting at the same moment take turns. Use it for your own tables
+/// (the handlers' tables of an inbox consumer, say).
 ///
-/// When everything `schema` creates exists already (every start after the first), it runs
-/// nothing: even `CREATE INDEX IF NOT EXISTS` takes a SHARE lock on the table before it finds
-/// the index there, which queues behind any open transaction that wrote to the table (a
-/// transactional-mode owner, say) and makes every later writer queue behind it in turn.
+/// Two sessions that run `CREATE TABLE IF NOT EXISTS t` at once can both find `t` missing,
+/// and one then fails on a catalog index (`duplicate key value violates unique constraint
+/// "pg_type_typname_nsp_index"`): `IF NOT EXISTS` does not guard against a concurrent create.
+/// MySQL / MariaDB (a metadata lock) and SQLite (one writer) queue concurrent DDL instead, so
+/// plain `IF NOT EXISTS` statements are safe there.
+///
+/// `schema` must be idempotent (`CREATE TABLE IF NOT EXISTS`, `CREATE INDEX IF NOT EXISTS`,
+/// ...). When every table and index it creates that way exists already (every start after
+/// the first), nothing runs and no lock is taken: even `CREATE INDEX IF NOT EXISTS` takes a
+/// SHARE lock on its table before it finds the index there, which would queue behind any
+/// open transaction that wrote to the table. `name` is the lock's name; when it is a
+/// schema-qualified table name (`app.receipts`), indexes `schema` creates are looked up in
+/// that schema. `schema` is your own DDL, never user input.
+///
+/// ```no_run
+/// # async fn start(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+/// tower_idempotency::sql::migrate_postgres(
+///     &pool,
+///     "receipts",
+///     "CREATE TABLE IF NOT EXISTS receipts (payment_id TEXT NOT NULL, amount BIGINT NOT NULL)",
+/// )
+/// .await?;
+/// # Ok(())
+/// # }
+/// ```
 #[cfg(feature = "postgres")]
-pub(crate) async fn migrate_postgres(
+pub async fn migrate_postgres(
     pool: &sqlx::PgPool,
-    table: &str,
+    name: &str,
     schema: &str,
 ) -> Result<(), sqlx::Error> {
     use sqlx::Executor;
-    let relations = created_relations(schema, table);
+    let relations = created_relations(schema, name);
     let present: Option<bool> =
         sqlx::query_scalar("SELECT bool_and(to_regclass(r) IS NOT NULL) FROM unnest($1::text[]) r")
             .bind(&relations)
@@ -114,10 +136,9 @@ pub(crate) async fn migrate_postgres(
     if present == Some(true) {
         return Ok(());
     }
-    let what = table;
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("tower-idempotency migrate {what}"))
+        .bind(format!("tower-idempotency migrate {name}"))
         .execute(&mut *tx)
         .await?;
     // Through `Executor::execute` (a boxed future) rather than `RawSql::execute`, whose

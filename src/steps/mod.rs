@@ -5,7 +5,7 @@
 //! transaction. An operation made of **steps** closes that gap (the design of Stripe's
 //! idempotency keys, "atomic phases" and "recovery points"):
 //!
-//! - a **local phase** ([`Steps::local`], SQL journals) runs its writes in the store's database
+//! - a **local phase** (`Steps::local`, with a SQL feature) runs its writes in the store's database
 //!   in ONE transaction with its journal entry (step name, serialised output), which commits
 //!   only while the claim still holds its token;
 //! - a **foreign call** ([`Steps::foreign`]) gets a key derived from the operation's scope, key

@@ -83,8 +83,8 @@
 //!   locally and one fails at commit (1213, certification). `MySqlStore`'s claim retries and
 //!   finds the winner's record; the transactional mode answers the losing commit as a
 //!   duplicate (the winner's outcome, by the in-progress policy); no double. An abort that
-//!   hits one of the handler's own statements still answers the handler's error (a 500 in
-//!   the example; rare, and its retry replays).
+//!   hits one of the handler's own statements (the handler then fails, a 500 in the example)
+//!   is found at the rollback and answered the same way: the winner's outcome, not the 500.
 //!
 //! # Writing a store
 //!

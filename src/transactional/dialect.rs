@@ -128,6 +128,15 @@ pub trait TxDialect<DB: sqlx::Database>: Send + Sync + 'static {
         commit_sqlx(tx, "sql").await
     }
 
+    /// Rolls `tx` back, and says whether the database had rolled it back already, under the
+    /// operation (a deadlock's victim, or a Galera node aborting it for a write set that
+    /// certified first): the claim went with it, so the key may be someone else's by now.
+    /// The default cannot tell and says no; a dialect whose database rolls transactions back
+    /// on its own overrides it.
+    async fn rollback_lost(&self, tx: OpenTx<DB>) -> Result<bool, StoreError> {
+        self.rollback(tx).await.map(|()| false)
+    }
+
     /// Rolls `tx` back. The default rolls back a sqlx transaction; a dialect that begins
     /// transactions itself overrides it.
     async fn rollback(&self, tx: OpenTx<DB>) -> Result<(), StoreError> {

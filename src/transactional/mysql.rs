@@ -72,6 +72,10 @@ const COMMIT: &str =
 /// Rolls back whatever transaction is open, and turns `autocommit` back on.
 const ROLLBACK: &str = "ROLLBACK; SET SESSION autocommit = 1";
 
+/// Undoes the operation's writes back to the owner's mark; fails with [`MARK_GONE`] when the
+/// server rolled the whole transaction back under the operation.
+const ROLLBACK_TO_MARK: &str = "ROLLBACK TO SAVEPOINT tower_idempotency_owner";
+
 /// `ER_SP_DOES_NOT_EXIST`: the mark is gone, with the transaction the server rolled back.
 const MARK_GONE: u16 = 1305;
 
@@ -225,6 +229,21 @@ impl TxDialect<MySql> for MySqlStore {
 
     async fn rollback(&self, tx: OpenTx<MySql>) -> Result<(), StoreError> {
         end(tx, End::Rollback).await
+    }
+
+    async fn rollback_lost(&self, mut tx: OpenTx<MySql>) -> Result<bool, StoreError> {
+        // Back to the owner's mark first: when the server rolled the transaction back, the
+        // mark went with it, and that is how this rollback learns it.
+        let lost = match sqlx::raw_sql(ROLLBACK_TO_MARK.into_sql_str())
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(_) => false,
+            Err(error) if mysql_error(&error) == Some(MARK_GONE) => true,
+            Err(error) => return Err(backend(error)),
+        };
+        end(tx, End::Rollback).await?;
+        Ok(lost)
     }
 
     async fn probe(&self, key: &StoreKey) -> Result<Probe, StoreError> {

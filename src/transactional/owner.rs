@@ -197,6 +197,23 @@ impl<DB: sqlx::Database> TxOwner<DB> {
             }
         }
     }
+
+    /// Rolls the transaction back like [`rollback`](Self::rollback), and says whether the
+    /// database had rolled it back already under the operation (then the claim went with it,
+    /// and the key may have been recorded by another request since: the operation's own
+    /// failure is not the request's outcome). `false` when it cannot tell.
+    pub(crate) async fn rollback_lost(self) -> bool {
+        let Ok(Some(tx)) = self.slot.take() else {
+            return false;
+        };
+        match self.engine.bounded(self.dialect.rollback_lost(tx)).await {
+            Ok(lost) => lost,
+            Err(error) => {
+                tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");
+                false
+            }
+        }
+    }
 }
 
 impl<DB: sqlx::Database> std::fmt::Debug for TxOwner<DB> {

@@ -64,7 +64,7 @@ impl ChildProcess {
             .clone()
     }
 
-    /// Waits (at most `limit`) until `count` lines start with `prefix`.
+    /// Waits (at most `limit`) until `count` lines contain `prefix`.
     pub async fn wait_for(&mut self, prefix: &str, count: usize, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;
         loop {

@@ -3,4 +3,5 @@
 #![allow(dead_code)]
 
 pub mod child;
+pub mod kafka;
 pub mod sqs;

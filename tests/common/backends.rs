@@ -1,7 +1,8 @@
 //! Which real servers a test may use: the one rule every test binary shares.
 //!
 //! A backend's URL comes from the environment (`TEST_POSTGRES_URL`, `TEST_MYSQL_URL`,
-//! `TEST_REDIS_URL`, and the brokers' `TEST_AMQP_URL`, `TEST_NATS_URL`). Unset means the test
+//! `TEST_REDIS_URL`, and the brokers' `TEST_AMQP_URL`, `TEST_NATS_URL`, `TEST_KAFKA_URL`,
+//! `TEST_SQS_URL`). Unset means the test
 //! is skipped with a note, unless `TEST_REQUIRE_ALL_BACKENDS=1`, which turns a missing server
 //! into a failure.
 #![allow(dead_code)]

@@ -181,3 +181,28 @@ pub async fn a_refused_row_is_parked_and_holds_back_nothing(
     assert_eq!(db.requeue_all().await, 1);
     assert_eq!(outbox.unsent().await.unwrap(), 1);
 }
+
+/// On a table `migrate` upgraded (created by the release before parking, its new columns
+/// added): one refused row among three payments is parked at its first refusal
+/// (`max_attempts` 1) and the payments are sent.
+pub async fn an_upgraded_table_parks_and_sends(db: &impl Parking, broker: &TestBroker) {
+    let poison = NewEvent::new(POISON_TOPIC, r#"{"payment_id": "poison"}"#);
+    db.commit(&poison).await;
+    for _ in 0..3 {
+        db.commit(&payment_event().1).await;
+    }
+    let relay = Relay::new(db.outbox().clone(), refusing_publisher(broker).await);
+    assert_eq!(relay.drain().await.expect("drain"), 4);
+    let parked = db.parked().await;
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!((&parked[0].id, parked[0].attempts), (&poison.id, 1));
+    assert_eq!(db.outbox().unsent().await.unwrap(), 0);
+}
+
+/// The policy that parks at the first refusal.
+pub fn one_refusal() -> RefusalPolicy {
+    RefusalPolicy {
+        max_attempts: 1,
+        ..RefusalPolicy::default()
+    }
+}

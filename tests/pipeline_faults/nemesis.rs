@@ -2,7 +2,8 @@
 //! kind and span. The kinds come in rounds (a shuffle of all of them), so a short run sees
 //! each.
 //!
-//! - `kill`: SIGKILL of a random process (payments, relay or consumer), then a fresh one.
+//! - `kill`: SIGKILL of a process (payments, relay or consumer; each in turn, in a random
+//!   order), then a fresh one.
 //! - `broker-outage`: every connection between the processes and the broker gone (RabbitMQ:
 //!   the proxy cuts them and turns new ones away; NATS: the test's own server SIGKILLed), for
 //!   `broker_outage`, then back.
@@ -81,6 +82,7 @@ impl Nemesis {
     pub async fn run(self, stop: Arc<AtomicBool>) -> Vec<Injected> {
         let mut injected = Vec::new();
         let mut round = Vec::new();
+        let mut victims = Vec::new();
         while !stop.load(Ordering::SeqCst) {
             if round.is_empty() {
                 round = self.kinds.clone();
@@ -94,7 +96,12 @@ impl Nemesis {
                 break;
             }
             let started = Instant::now();
-            let count = self.inject(fault).await;
+            if victims.is_empty() {
+                // Every process is killed once before any is killed twice.
+                victims = (0..self.fleet.size()).collect();
+                victims.shuffle(&mut rand::rng());
+            }
+            let count = self.inject(fault, &mut victims).await;
             injected.push(Injected {
                 fault,
                 started,
@@ -106,10 +113,10 @@ impl Nemesis {
         injected
     }
 
-    async fn inject(&self, fault: Fault) -> usize {
+    async fn inject(&self, fault: Fault, victims: &mut Vec<usize>) -> usize {
         match fault {
             Fault::Kill => {
-                let slot = rand::rng().random_range(0..self.fleet.size());
+                let slot = victims.pop().expect("a victim of this round");
                 self.fleet.kill_and_restart(slot).await;
                 slot
             }
