@@ -40,7 +40,29 @@ fn build(name: &str) -> PathBuf {
         Some(other) => other,
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    // `cargo test` gives this process the variables of a running crate (CARGO_MANIFEST_DIR,
+    // CARGO_PKG_*, ...). A dependency's build script that watches one of them (ring watches
+    // CARGO_MANIFEST_DIR) would see it change from the plain `cargo build` before, and the
+    // build would redo ring, rustls, the crate and the example (25-40 s per test binary).
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_")
+            || matches!(
+                name,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+            )
+        {
+            command.env_remove(name);
+        }
+    }
+    let output = command
         .args([
             "build",
             "--all-features",
