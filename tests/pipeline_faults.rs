@@ -64,17 +64,19 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// `kinds`, `PIPELINE_FAULTS_SECS` (default 8) of payments, a 5 s broker outage and a
-    /// 10 s database outage.
+    /// `kinds`, `PIPELINE_FAULTS_SECS` (default 8) of payments, a broker outage of
+    /// `PIPELINE_BROKER_OUTAGE_SECS` (default 5; the bench runs 30) and a 10 s database outage.
     pub fn new(kinds: &[Fault]) -> Self {
-        let secs = std::env::var("PIPELINE_FAULTS_SECS")
-            .ok()
-            .and_then(|secs| secs.parse().ok())
-            .unwrap_or(8);
+        let secs = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|secs| secs.parse().ok())
+                .unwrap_or(default)
+        };
         Self {
             kinds: kinds.to_vec(),
-            duration: Duration::from_secs(secs),
-            broker_outage: Duration::from_secs(5),
+            duration: Duration::from_secs(secs("PIPELINE_FAULTS_SECS", 8)),
+            broker_outage: Duration::from_secs(secs("PIPELINE_BROKER_OUTAGE_SECS", 5)),
             database_outage: Duration::from_secs(10),
         }
     }
