@@ -10,6 +10,7 @@
 //!   mode; the test keeps it visible.
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
+#[macro_use]
 mod process;
 
 use std::time::Duration;
@@ -144,17 +145,6 @@ async fn separate_owner_killed_after_the_charge_charges_twice(shared: Shared) {
         2,
         "{backend}: the separate mode charged twice after a crash between the charge and its record"
     );
-}
-
-macro_rules! crash_tests {
-    ($($name:ident: $open:expr => $body:expr;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            if let Some(shared) = $open {
-                shared.run($body).await;
-            }
-        }
-    )*};
 }
 
 crash_tests! {

@@ -6,6 +6,7 @@
 //! documented double, so the test can fail.
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
+#[macro_use]
 mod process;
 
 use std::time::Duration;
@@ -115,17 +116,6 @@ async fn without_steps_charges_twice(shared: Shared) {
         2,
         "{backend}: without steps the retry charged the card again"
     );
-}
-
-macro_rules! crash_tests {
-    ($($name:ident: $open:expr => $body:expr;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            if let Some(shared) = $open {
-                shared.run($body).await;
-            }
-        }
-    )*};
 }
 
 // mutant: journaled steps are ignored (`Steps::journaled` always `None`) ->

@@ -189,13 +189,7 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// transaction is dropped with it, which closes (or, for a sqlx transaction, rolls back on
     /// its next use) its connection. Nothing of it can commit either way.
     pub async fn rollback(self) {
-        if let Ok(Some(tx)) = self.slot.take() {
-            if let Err(error) = self.engine.bounded(self.dialect.rollback(tx)).await {
-                // The connection is gone, or silent and now dropped: the server ends the
-                // transaction with it.
-                tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");
-            }
-        }
+        self.roll_back(false).await;
     }
 
     /// Rolls the transaction back like [`rollback`](Self::rollback), and says whether the
@@ -203,12 +197,26 @@ impl<DB: sqlx::Database> TxOwner<DB> {
     /// and the key may have been recorded by another request since: the operation's own
     /// failure is not the request's outcome). `false` when it cannot tell.
     pub(crate) async fn rollback_lost(self) -> bool {
+        self.roll_back(true).await
+    }
+
+    /// Both rollbacks; only `ask_lost` spends the extra question (a round trip on MariaDB).
+    async fn roll_back(self, ask_lost: bool) -> bool {
         let Ok(Some(tx)) = self.slot.take() else {
             return false;
         };
-        match self.engine.bounded(self.dialect.rollback_lost(tx)).await {
+        let rollback = async {
+            if ask_lost {
+                self.dialect.rollback_lost(tx).await
+            } else {
+                self.dialect.rollback(tx).await.map(|()| false)
+            }
+        };
+        match self.engine.bounded(rollback).await {
             Ok(lost) => lost,
             Err(error) => {
+                // The connection is gone, or silent and now dropped: the server ends the
+                // transaction with it.
                 tracing::debug!(error = %error, "rollback failed; the server ends the transaction with the connection");
                 false
             }

@@ -4,6 +4,21 @@
 //! `tests/common/example_binary.rs`), so any `cargo test` invocation finds it fresh.
 #![allow(dead_code)]
 
+/// One `#[tokio::test]` per line, `name: open => body`: the test skips when `open` (a
+/// `Shared` backend, e.g. `Shared::postgres().await`) is `None`, and runs `body` on it.
+/// Reach it with `#[macro_use] mod process;`.
+#[allow(unused_macros)]
+macro_rules! crash_tests {
+    ($($name:ident: $open:expr => $body:expr;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            if let Some(shared) = $open {
+                shared.run($body).await;
+            }
+        }
+    )*};
+}
+
 pub mod shared;
 pub mod worker;
 
