@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod clients;
+pub mod inbox_copies;
 
 use std::{
     collections::{HashMap, HashSet},
