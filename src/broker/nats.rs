@@ -19,7 +19,11 @@ use async_nats::{
     jetstream::{
         self,
         consumer::{pull, AckPolicy},
-        context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind},
+        context::{
+            ConsumerInfoErrorKind, CreateStreamErrorKind, GetStreamByNameErrorKind, PublishError,
+            PublishErrorKind,
+        },
+        stream::ConsumerErrorKind,
         AckKind,
     },
     HeaderMap,
@@ -82,7 +86,16 @@ impl NatsTopology {
             ..Default::default()
         })
         .await
-        .map_err(|e| BrokerError::broker(BROKER, "declare the stream", e))
+        .map_err(|e| {
+            let refused = match e.kind() {
+                CreateStreamErrorKind::JetStream(answer) => refuses(&answer),
+                CreateStreamErrorKind::EmptyStreamName
+                | CreateStreamErrorKind::InvalidStreamName
+                | CreateStreamErrorKind::DomainAndExternalSet => true,
+                _ => false,
+            };
+            declare_failed("declare the stream", refused, e)
+        })
     }
 
     /// Creates the stream and the durable consumer if they do not exist.
@@ -103,7 +116,40 @@ impl NatsTopology {
                 },
             )
             .await
-            .map_err(|e| BrokerError::broker(BROKER, "declare the consumer", e))
+            .map_err(|e| {
+                let refused = match e.kind() {
+                    ConsumerErrorKind::JetStream(answer) => refuses(&answer),
+                    ConsumerErrorKind::InvalidName | ConsumerErrorKind::InvalidConsumerType => true,
+                    _ => false,
+                };
+                declare_failed("declare the consumer", refused, e)
+            })
+    }
+}
+
+/// Whether JetStream's answer refuses the request itself (a 4xx: a stream whose subjects
+/// overlap another's, a consumer or stream whose settings the server rejects, a limit of the
+/// account), rather than the server being unable to answer now (a 5xx: JetStream still
+/// starting or without a leader) or the object having gone missing meanwhile (404).
+fn refuses(answer: &jetstream::Error) -> bool {
+    (400..500).contains(&answer.code()) && answer.code() != 404
+}
+
+/// A failed declaration: [`BrokerError::Misconfigured`] when the server refused it, so a
+/// subscriber stops instead of declaring the same refused objects forever.
+fn declare_failed(
+    action: &'static str,
+    refused: bool,
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> BrokerError {
+    if refused {
+        BrokerError::Misconfigured {
+            broker: BROKER,
+            action,
+            source: error.into(),
+        }
+    } else {
+        BrokerError::broker(BROKER, action, error)
     }
 }
 
@@ -237,8 +283,12 @@ impl Publisher for NatsPublisher {
 /// Pulls from the topology's durable consumer.
 ///
 /// The client reconnects by itself; when pulling fails (a missed heartbeat, a server restart,
-/// a consumer deleted or lost with the server's store) [`next`](Subscriber::next) declares the
-/// stream and the consumer again and pulls anew, after a jittered [`Backoff`].
+/// a consumer lost with the server's store) [`next`](Subscriber::next) declares the stream and
+/// the consumer again and pulls anew, after a jittered [`Backoff`]. A consumer deleted on a
+/// running server is found by the [idle check](Self::idle_check) and declared again. A
+/// declaration the server refuses (a stream whose subjects overlap another's, settings it
+/// rejects) is returned as [`BrokerError::Misconfigured`]: retrying cannot cure it, and an
+/// inbox consumer stops with it.
 pub struct NatsSubscriber {
     js: jetstream::Context,
     topology: NatsTopology,
@@ -246,7 +296,12 @@ pub struct NatsSubscriber {
     messages: Option<pull::Stream>,
     backoff: Backoff,
     timeout: Duration,
+    idle_check: Duration,
 }
+
+/// How long a subscriber waits for a delivery before it asks the server whether its consumer
+/// still exists (see [`NatsSubscriber::idle_check`]).
+pub const DEFAULT_IDLE_CHECK: Duration = Duration::from_secs(30);
 
 impl NatsSubscriber {
     /// Connects, declares the topology and starts pulling at most `batch` messages at a time;
@@ -264,6 +319,7 @@ impl NatsSubscriber {
             messages: None,
             backoff: Backoff::default(),
             timeout: DEFAULT_CALL_TIMEOUT,
+            idle_check: DEFAULT_IDLE_CHECK,
         };
         subscriber.messages = Some(subscriber.pull().await?);
         Ok(subscriber)
@@ -274,6 +330,40 @@ impl NatsSubscriber {
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
+    }
+
+    /// After this long without a delivery (default [`DEFAULT_IDLE_CHECK`]), the subscriber
+    /// asks the server whether its stream and consumer still exist, and declares them again
+    /// (or returns the server's refusal) if not. A pull on a consumer that was deleted on a
+    /// running server (by an operator, or with its stream) neither fails nor delivers: without
+    /// this check the subscriber would wait forever.
+    pub fn idle_check(mut self, after: Duration) -> Self {
+        self.idle_check = after.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether the server says the consumer (or its stream) is gone; `false` when it cannot
+    /// tell now (the pull's own errors cover an unreachable server).
+    async fn consumer_lost(&self) -> bool {
+        let ask = async {
+            let stream = self
+                .js
+                .get_stream_no_info(&self.topology.stream)
+                .await
+                .ok()?;
+            match stream.consumer_info(&self.topology.consumer).await {
+                Err(e) => Some(matches!(
+                    e.kind(),
+                    ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound
+                )),
+                Ok(_) => Some(false),
+            }
+        };
+        tokio::time::timeout(self.timeout, ask)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(false)
     }
 
     async fn pull(&self) -> Result<pull::Stream, BrokerError> {
@@ -299,6 +389,7 @@ impl Subscriber for NatsSubscriber {
             let Some(messages) = &mut self.messages else {
                 match self.pull().await {
                     Ok(messages) => self.messages = Some(messages),
+                    Err(error) if error.is_permanent() => return Err(error),
                     Err(error) => {
                         tracing::warn!(error = %super::error_chain(&error), "nats: pulling again failed; trying again");
                         self.backoff.wait().await;
@@ -306,7 +397,14 @@ impl Subscriber for NatsSubscriber {
                 }
                 continue;
             };
-            let error = match messages.next().await {
+            let Ok(next) = tokio::time::timeout(self.idle_check, messages.next()).await else {
+                if self.consumer_lost().await {
+                    tracing::warn!(consumer = %self.topology.consumer, "nats: the consumer is gone from the server; declaring it again");
+                    self.messages = None;
+                }
+                continue;
+            };
+            let error = match next {
                 Some(Ok(message)) => {
                     self.backoff.reset();
                     return Ok(NatsDelivery {
