@@ -93,9 +93,12 @@
 //! | a message the broker refuses (no queue bound, no stream covers it) | the outbox counts the refusal on that row, backs off, and parks the row past its limit | that row waits or is parked; the rows after it flow |
 //! | the consumers' database out of reach (failover, network, restart), a pool timeout, a failed `BEGIN` or `COMMIT` | the delivery is held and tried again with jittered backoff (`ConsumerConfig::outage_patience`, 60 s, then given back uncounted); held deliveries fill the consumer's concurrency, so no new ones are taken; a commit whose outcome is unknown is settled by the next try's claim (a duplicate, or it runs) | the outage plus at most one backoff step (5 s); no attempt spent, nothing dead-lettered |
 //! | a consumer killed | its deliveries go back (RabbitMQ at once, NATS after the ack wait); its transaction rolls back with the claim | up to the ack wait |
+//! | NATS: the consumer deleted on a running server (by hand, or with its stream) | the subscriber's idle check (30 s without a delivery) finds it gone and declares it again | up to the idle check |
+//! | the broker refuses the topology itself (RabbitMQ `PRECONDITION_FAILED` / `ACCESS_REFUSED`, a JetStream 4xx such as overlapping subjects) | `BrokerError::Misconfigured`: permanent, so the subscriber returns it and the consumer stops with it instead of retrying | the consumer stops until the configuration is fixed |
 //!
 //! Proven against real servers in `tests/broker_reconnect.rs` (RabbitMQ behind a proxy cut
 //! and silenced, a `nats-server` SIGKILLed and restarted, once on an empty store),
+//! `tests/broker_misconfigured.rs` (a deleted consumer, refused topologies),
 //! `tests/inbox_outage.rs` (PostgreSQL cut for 10 s under load) and the pipeline fault
 //! harness `tests/pipeline_faults.rs` (payments, relays and consumers as processes).
 //!
