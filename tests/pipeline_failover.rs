@@ -90,6 +90,7 @@ async fn run(replication: Replication, base: u16) {
         .clone()
         .run(|shared| async move {
             let ledger = Ledger::new(&shared).await;
+            let commit = commit_p50(&ledger.pool).await;
             let TestBroker::Amqp { url: amqp, .. } = &broker else {
                 unreachable!()
             };
@@ -117,7 +118,7 @@ async fn run(replication: Replication, base: u16) {
                 .await
                 .expect("count the receipts written after the promotion");
             println!(
-                "pipeline-failover-row: | postgres {} | {secs} s | {} | {} | {} | {} | {vanished} | {} | {} | {} | {} | {:.1} s | {after} |",
+                "pipeline-failover-row: | postgres {} | {secs} s | {} | {} | {} | {} | {vanished} | {} | {} | {} | {} | {:.1} s | {after} | {:.2} ms |",
                 replication.name(),
                 report.payments,
                 report.receipts,
@@ -128,6 +129,7 @@ async fn run(replication: Replication, base: u16) {
                 report.dead_lettered,
                 report.exits.len(),
                 failover.took.as_secs_f64(),
+                commit.as_secs_f64() * 1000.0,
             );
             let context = format!("{report:#?}\nvanished {vanished}, receipts after the promotion {after}");
             assert!(report.payments > 0, "no payment was made: {context}");
@@ -164,6 +166,28 @@ async fn kill_the_primary(cluster: Arc<tokio::sync::Mutex<PgCluster>>) -> Failov
         took: started.elapsed(),
         promoted: SystemTime::now(),
     }
+}
+
+/// The median of 200 one-row commits in a row through HAProxy, on the idle cluster before the
+/// run: what the replication setting costs a commit (a synchronous one waits for the
+/// standby's flush).
+async fn commit_p50(pool: &sqlx::PgPool) -> Duration {
+    sqlx::query("CREATE TABLE commit_probe (n INT NOT NULL)")
+        .execute(pool)
+        .await
+        .expect("create commit_probe");
+    let mut took = Vec::new();
+    for n in 0..200 {
+        let started = Instant::now();
+        sqlx::query("INSERT INTO commit_probe (n) VALUES ($1)")
+            .bind(n)
+            .execute(pool)
+            .await
+            .expect("commit a probe row");
+        took.push(started.elapsed());
+    }
+    took.sort();
+    took[took.len() / 2]
 }
 
 /// `at` in seconds since the epoch (the query turns it into a `timestamptz`; the crate has no
