@@ -44,8 +44,13 @@ use tower_idempotency::{
     inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Message, MySqlInbox, Outcome},
 };
 
-/// Messages per run (each delivered twice).
-const MESSAGES: usize = 120;
+/// Messages per run (each delivered twice): `INBOX_GALERA_MESSAGES`, default 120.
+fn messages() -> usize {
+    std::env::var("INBOX_GALERA_MESSAGES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(120)
+}
 /// Deliveries each consumer takes at once (its prefetch).
 const PREFETCH: u16 = 8;
 /// The handler's wait, before or after its write: long enough for the other copy's write
@@ -225,7 +230,8 @@ async fn copies_consumed_on_two_nodes_make_one_receipt_and_spend_no_attempt() {
                 .collect();
             let aborted = aborted.load(Ordering::Relaxed);
             println!(
-                "inbox-galera-row: | mariadb galera, 3 nodes, consumers on 2 | {MESSAGES} | {} | {doubles} | {} | {} | {} | {spent} | {aborted} | {cert} | {bf} |",
+                "inbox-galera-row: | mariadb galera, 3 nodes, consumers on 2 | {} | {} | {doubles} | {} | {} | {} | {spent} | {aborted} | {cert} | {bf} |",
+                messages(),
                 receipts.len(),
                 total(Outcome::Duplicate),
                 total(Outcome::Retried),
@@ -236,12 +242,12 @@ async fn copies_consumed_on_two_nodes_make_one_receipt_and_spend_no_attempt() {
                  handler statements aborted {aborted}, certification failures {cert}, \
                  brute-force aborts {bf}"
             );
-            assert_eq!(receipts.len(), MESSAGES, "messages with a receipt: {context}");
+            assert_eq!(receipts.len(), messages(), "messages with a receipt: {context}");
             assert_eq!(doubles, 0, "messages with two receipts: {context}");
             assert_eq!(total(Outcome::DeadLettered), 0, "dead-lettered: {context}");
             assert_eq!(spent, 0, "handler attempts spent on lost races: {spent}: {context}");
             assert_eq!(total(Outcome::Retried), 0, "given back to the broker: {context}");
-            assert_eq!(total(Outcome::Handled), MESSAGES, "handled: {context}");
+            assert_eq!(total(Outcome::Handled), messages(), "handled: {context}");
             assert!(
                 handled.values().all(|&n| n > 0),
                 "one node handled every message, so no copies raced: {context}"
@@ -253,9 +259,9 @@ async fn copies_consumed_on_two_nodes_make_one_receipt_and_spend_no_attempt() {
     cleanup.clean_up().await;
 }
 
-/// Publishes [`MESSAGES`] messages, each twice in a row under one id, in one confirmed batch.
+/// Publishes [`messages`] messages, each twice in a row under one id, in one confirmed batch.
 async fn publish_twice(broker: &TestBroker) {
-    let messages: Vec<OutgoingMessage> = (0..MESSAGES)
+    let messages: Vec<OutgoingMessage> = (0..messages())
         .flat_map(|n| {
             let id = format!("evt-{n}-{}", process::unique());
             let payload = serde_json::json!({ "n": n, "payment_id": format!("pay-{n}") });
