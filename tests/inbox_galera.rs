@@ -160,7 +160,7 @@ async fn copies_consumed_on_two_nodes_make_one_receipt_and_spend_no_attempt() {
     let Some(broker) = TestBroker::amqp() else {
         return;
     };
-    let Some(cluster) = GaleraCluster::start(18480).await else {
+    let Some(cluster) = GaleraCluster::start(18600).await else {
         return;
     };
     let admin = MySqlPool::connect(&cluster.url(0))
