@@ -184,6 +184,102 @@ async fn two_consumers_given_the_same_message_at_once_write_one_receipt() {
     .await;
 }
 
+/// Locks two rows in the order the message gives, waiting at a barrier between the two on
+/// its first run of each message, so that two messages taken in opposite orders deadlock.
+struct LocksInOrder {
+    runs: Arc<AtomicUsize>,
+    barrier: Arc<Barrier>,
+}
+
+#[async_trait]
+impl Handler<Postgres> for LocksInOrder {
+    async fn handle(&self, conn: &mut PgConnection, message: &Message) -> Result<(), HandlerError> {
+        let first_runs = self.runs.fetch_add(1, Ordering::SeqCst) < 2;
+        for (i, row) in ["first", "second"].into_iter().enumerate() {
+            if i == 1 && first_runs {
+                self.barrier.wait().await;
+            }
+            sqlx::query("UPDATE locks SET n = n + 1 WHERE id = $1")
+                .bind(message.payload[row].as_i64())
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| HandlerError::Retry(e.into()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Mutant: the inbox takes a transaction the database rolled back for a handler failure
+/// (src/inbox/consumer.rs `attempt`: the `rolled_back_by_database` arm disabled) -> fails
+/// with "the deadlock's victim was claimed again: [Handled, Retried]".
+#[tokio::test]
+async fn a_deadlocks_victim_is_claimed_again_without_spending_an_attempt() {
+    // Two messages, one to each consumer, whose handlers lock two rows in opposite orders:
+    // PostgreSQL rolls one transaction back (40P01), claim and all.
+    let Some(broker) = TestBroker::amqp() else {
+        return;
+    };
+    with_broker(broker, |db, broker| async move {
+        sqlx::query("CREATE TABLE locks (id INT PRIMARY KEY, n INT NOT NULL)")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO locks VALUES (1, 0), (2, 0)")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        for (id, first, second) in [("a", 1, 2), ("b", 2, 1)] {
+            let body = format!(r#"{{"first": {first}, "second": {second}}}"#);
+            broker
+                .publish_raw(
+                    Some(&format!("{id}-{}", process::unique())),
+                    body.as_bytes(),
+                )
+                .await;
+        }
+        let TestBroker::Amqp { url, topology, .. } = &broker else {
+            unreachable!()
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let handler = LocksInOrder {
+            runs: runs.clone(),
+            barrier: Arc::new(Barrier::new(2)),
+        };
+        let consumer = Consumer::new("receipts", db.inbox.clone(), handler);
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..2 {
+            let consumer = consumer.clone();
+            let mut subscriber = AmqpSubscriber::connect(url, topology, 1).await.unwrap();
+            tasks.spawn(async move {
+                let delivery = tokio::time::timeout(Duration::from_secs(10), subscriber.next())
+                    .await
+                    .expect("a delivery")
+                    .unwrap();
+                consumer.process(&delivery).await
+            });
+        }
+        let mut outcomes: Vec<Outcome> = tasks.join_all().await;
+        outcomes.sort_by_key(|outcome| format!("{outcome:?}"));
+        assert_eq!(
+            outcomes,
+            [Outcome::Handled, Outcome::Handled],
+            "the deadlock's victim was claimed again: {outcomes:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "the victim ran again");
+        let spent: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_inbox_failures")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(spent, 0, "an attempt was spent on the deadlock");
+        let n: i64 = sqlx::query_scalar("SELECT sum(n) FROM locks")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 4, "each message's two updates, once");
+    })
+    .await;
+}
+
 // mutant: `kept_alive` runs the work without keep-alives -> NATS hands the message to the
 // second consumer after the 300 ms ack wait: fails with "a second copy was handed out while
 // the first was held".

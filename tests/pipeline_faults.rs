@@ -29,11 +29,12 @@ mod checker;
 mod fleet;
 #[path = "pipeline_faults/links.rs"]
 mod links;
+#[path = "pipeline_faults/load.rs"]
+mod load;
 #[path = "pipeline_faults/nemesis.rs"]
 mod nemesis;
 
 use std::{
-    collections::HashSet,
     sync::{atomic::AtomicBool, Arc},
     time::Duration,
 };
@@ -41,13 +42,10 @@ use std::{
 use checker::Report;
 use fleet::{Fleet, Role};
 use links::{BrokerLink, DatabaseLink};
+use load::{env, pay_for};
 use nemesis::{Fault, Nemesis};
-use pipeline::{
-    clients::{pay_twice, Ledger},
-    with_empty_schema, TestBroker,
-};
-use process::{shared::require_all, unique};
-use tokio::task::JoinSet;
+use pipeline::{clients::Ledger, with_empty_schema, TestBroker};
+use process::shared::require_all;
 use tower_idempotency::outbox::PgOutbox;
 
 /// One run at a time: each starts four processes, and the machine has two cores.
@@ -80,35 +78,6 @@ impl Plan {
             database_outage: Duration::from_secs(10),
         }
     }
-}
-
-/// The examples' environment, all processes alike: the crash windows of
-/// `payments_pipeline.rs` (a charge written and not committed, events confirmed and not
-/// marked sent, a receipt written and not committed), and the refusal policy short enough
-/// for a poison row to be parked within a run.
-fn env(broker: &TestBroker, broker_url: &str, database_url: &str) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = broker
-        .env()
-        .into_iter()
-        .map(|(var, value)| match var.as_str() {
-            "AMQP_URL" | "NATS_URL" => (var, broker_url.to_owned()),
-            _ => (var, value),
-        })
-        .collect();
-    for (var, value) in [
-        ("DATABASE_URL", database_url),
-        ("IDEMPOTENCY_MODE", "transactional"),
-        ("PAYMENTS_DELAY_AFTER_CHARGE_MS", "100"),
-        ("OUTBOX_CONFIRM_DELAY_MS", "500"),
-        ("OUTBOX_POLL_MS", "200"),
-        ("OUTBOX_REFUSAL_ATTEMPTS", "3"),
-        ("OUTBOX_REFUSAL_DELAY_MS", "200"),
-        ("RECEIPTS_DELAY_MS", "800"),
-        ("RECEIPTS_CONCURRENCY", "4"),
-    ] {
-        env.push((var.into(), value.into()));
-    }
-    env
 }
 
 /// Runs `plan` with `broker` reached through `link`, checks, prints the table row; returns
@@ -151,17 +120,7 @@ async fn run(broker: TestBroker, link: BrokerLink, plan: Plan) -> Option<Report>
             .run(stop.clone()),
         );
 
-        let keys = plan.duration.as_millis() / 200;
-        let mut clients = JoinSet::new();
-        for i in 0..keys {
-            let current = fleet.payments();
-            clients.spawn(async move {
-                tokio::time::sleep(Duration::from_millis(200 * i as u64)).await;
-                pay_twice(current, format!("key-{}", unique()), i % 2 == 0).await
-            });
-        }
-        let created: HashSet<String> = clients.join_all().await.into_iter().collect();
-        assert_eq!(created.len() as u128, keys, "one payment per key");
+        let created = pay_for(&fleet, plan.duration).await;
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let faults = nemesis.await.expect("the nemesis");
 

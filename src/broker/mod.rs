@@ -95,12 +95,16 @@
 //! | a consumer killed | its deliveries go back (RabbitMQ at once, NATS after the ack wait); its transaction rolls back with the claim | up to the ack wait |
 //! | NATS: the consumer deleted on a running server (by hand, or with its stream) | the subscriber's idle check (30 s without a delivery) finds it gone and declares it again | up to the idle check |
 //! | the broker refuses the topology itself (RabbitMQ `PRECONDITION_FAILED` / `ACCESS_REFUSED`, a JetStream 4xx such as overlapping subjects) | `BrokerError::Misconfigured`: permanent, so the subscriber returns it and the consumer stops with it instead of retrying | the consumer stops until the configuration is fixed |
+//! | the database's primary killed, a standby promoted (Patroni, HAProxy in front) | the producers, relays and consumers find the new primary through their pools (the outage row above); with synchronous replication nothing committed is lost; with asynchronous replication the commits the old primary had not streamed go with it: a payment answered `201` may be gone, and an event relayed from it may still be consumed | the failover (5 to 6 s measured); synchronous replication: one standby flush per commit |
+//! | two copies of a message consumed through two nodes of a MariaDB Galera cluster | both claims succeed on their nodes; the copy certified second is rolled back by the cluster (error 1213, SQLSTATE 40001: at the `COMMIT`, or at a handler statement), which is a lost race, not a handler failure: claimed again after a pause, acked as a duplicate | one pause; no attempt spent, no second effect |
 //!
 //! Proven against real servers in `tests/broker_reconnect.rs` (RabbitMQ behind a proxy cut
 //! and silenced, a `nats-server` SIGKILLed and restarted, once on an empty store),
 //! `tests/broker_misconfigured.rs` (a deleted consumer, refused topologies),
-//! `tests/inbox_outage.rs` (PostgreSQL cut for 10 s under load) and the pipeline fault
-//! harness `tests/pipeline_faults.rs` (payments, relays and consumers as processes).
+//! `tests/inbox_outage.rs` (PostgreSQL cut for 10 s under load), the pipeline fault
+//! harness `tests/pipeline_faults.rs` (payments, relays and consumers as processes), the same
+//! processes across a PostgreSQL primary failover (`tests/pipeline_failover.rs`) and two
+//! consumers on two Galera nodes (`tests/inbox_galera.rs`).
 //!
 //! Ordering: one relay publishes in insertion order, so events of one aggregate written by
 //! serialized transactions reach the broker in order; several relays, retries and several

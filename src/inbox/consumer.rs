@@ -24,10 +24,15 @@ pub struct Message {
 /// Why a handler did not handle a message. Its transaction is rolled back either way.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
-    /// A failure that may pass (a deadlock, a timeout): the message is delivered again, up
-    /// to [`ConsumerConfig::max_attempts`] failures, then dead-lettered. A source that says
-    /// the database could not be reached (a sqlx I/O, TLS, pool or connection error) is no
-    /// failure of the handler: the message is held and tried again like any other outage.
+    /// A failure that may pass (a timeout, a service down): the message is delivered again,
+    /// up to [`ConsumerConfig::max_attempts`] failures, then dead-lettered. A source that
+    /// says the database could not be reached (a sqlx I/O, TLS, pool or connection error) is
+    /// no failure of the handler: the message is held and tried again like any other
+    /// outage. Nor is a source that says the database rolled the transaction back by itself
+    /// (SQLSTATE `40001` or `40P01`: a deadlock's victim, a serialization failure, a Galera
+    /// certification failure or brute-force abort): the claim went with it, and the message
+    /// is claimed again at once, without spending an attempt. Keep sqlx's error as the
+    /// source (`HandlerError::Retry(error.into())`) so the consumer can tell.
     #[error("handler failed; the message will be retried")]
     Retry(#[source] BoxError),
     /// The message can never be handled (a field missing, a wrong type): dead-letter it now.
@@ -301,6 +306,23 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
                 Ok(InboxClaim::Busy) => {
                     return Decision::Retry("another copy is still being handled".into())
                 }
+                // The claim went with the transaction, so the message may be another copy's
+                // by now: the next claim tells (a duplicate, acked; busy; or a fresh run).
+                // Looked at again like a busy claim, and as patiently.
+                Err(Failure::LostRace(why)) if Instant::now() < busy_deadline => {
+                    tracing::debug!(consumer = %name, message_id = %message.id, "the database rolled the transaction back ({why}); claiming again, no attempt counted");
+                    tokio::time::sleep_until(
+                        busy_deadline.min(Instant::now() + pause.min(MAX_BUSY_PAUSE)),
+                    )
+                    .await;
+                    pause = pause.saturating_mul(2).min(MAX_BUSY_PAUSE);
+                    continue;
+                }
+                Err(Failure::LostRace(why)) => {
+                    return Decision::Retry(format!(
+                        "the database kept rolling the transaction back ({why}); no attempt counted"
+                    ))
+                }
                 Err(Failure::Rejected(reason)) => return Decision::DeadLetter(reason),
                 Err(Failure::Handler(error)) => {
                     match self.inner.inbox.count_failure(name, &message.id).await {
@@ -359,7 +381,7 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
             .inbox
             .claim(&mut *tx, &inner.name, &message.id)
             .await
-            .map_err(|e| Failure::Infrastructure(error_chain(&e)))?;
+            .map_err(Failure::inbox)?;
         if claim != InboxClaim::New {
             // Dropping `tx` rolls it back (and a busy claim's transaction is aborted anyway).
             return Ok(claim);
@@ -369,7 +391,7 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
                 .inbox
                 .failures(&mut *tx, &inner.name, &message.id)
                 .await
-                .map_err(|e| Failure::Infrastructure(error_chain(&e)))?;
+                .map_err(Failure::inbox)?;
             message.attempt = failures.saturating_add(1);
         }
         match inner.handler.handle(&mut *tx, message).await {
@@ -382,6 +404,9 @@ impl<I: InboxStore, H: Handler<I::Database>> Consumer<I, H> {
             Err(HandlerError::Reject(reason)) => Err(Failure::Rejected(format!(
                 "the handler rejected it: {reason}"
             ))),
+            Err(HandlerError::Retry(source)) if rolled_back_by_database(&*source) => Err(
+                Failure::LostRace(format!("under the handler: {}", error_chain(&*source))),
+            ),
             Err(HandlerError::Retry(source)) if unreachable_database(&*source) => {
                 Err(Failure::Infrastructure(format!(
                     "the handler could not reach the database: {}",
@@ -423,11 +448,28 @@ enum Failure {
     Infrastructure(String),
     /// Never handleable: dead-letter it.
     Rejected(String),
+    /// The database rolled the transaction back on its own (a deadlock's victim, a
+    /// serialization failure; on Galera, a write set of the same message that certified
+    /// first): the claim went with it. No attempt spent; claimed again at once.
+    LostRace(String),
 }
 
 impl Failure {
     fn database(error: sqlx::Error) -> Self {
-        Failure::Infrastructure(error_chain(&InboxError::Database(error)))
+        let lost = rolled_back_by_database(&error);
+        let why = error_chain(&InboxError::Database(error));
+        if lost {
+            Failure::LostRace(why)
+        } else {
+            Failure::Infrastructure(why)
+        }
+    }
+
+    fn inbox(error: InboxError) -> Self {
+        match error {
+            InboxError::Database(error) => Self::database(error),
+            other => Failure::Infrastructure(error_chain(&other)),
+        }
     }
 }
 
@@ -457,6 +499,24 @@ fn unreachable_database(error: &(dyn std::error::Error + 'static)) -> bool {
                     .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
                 _ => false,
             };
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// Whether `error` (a handler's, or the claim's or the commit's) says that the database
+/// rolled the whole transaction back by itself: SQLSTATE `40001` (a serialization failure;
+/// MySQL / MariaDB give it with error 1213, a deadlock's victim, and Galera with a
+/// certification failure or a brute-force abort) or `40P01` (a PostgreSQL deadlock), anywhere
+/// in its sources.
+fn rolled_back_by_database(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(sqlx::Error::Database(error)) = error.downcast_ref::<sqlx::Error>() {
+            return error
+                .code()
+                .is_some_and(|code| code == "40001" || code == "40P01");
         }
         source = error.source();
     }

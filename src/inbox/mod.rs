@@ -33,6 +33,14 @@
 //! jittered backoff ([`ConsumerConfig::outage_patience`]), and a commit whose answer was lost
 //! is settled by the next try's claim: a duplicate if it committed, a fresh run if not.
 //!
+//! Nor is a transaction the database rolled back by itself (SQLSTATE `40001` / `40P01`, at
+//! the claim, in a handler statement or at the `COMMIT`): a deadlock's victim, or on a
+//! MariaDB Galera cluster a copy that lost to a copy of the same message committed through
+//! another node (a certification failure or a brute-force abort, error 1213). Its claim went
+//! with it, so the message is claimed again after a pause, as a busy one is: a duplicate
+//! (acked) once the winner's commit is applied on this node, a fresh run if nobody won. No
+//! attempt is spent, and the certification at commit keeps the two copies to one effect.
+//!
 //! [`Consumer`] runs the whole loop against a [`Subscriber`](crate::broker::Subscriber),
 //! keeping the broker's lease on each delivery while it works
 //! ([`Delivery::keep_alive`](crate::broker::Delivery::keep_alive)).
