@@ -110,7 +110,10 @@
 //! pgbench (the repository's BENCHMARKS.md, "Message pipeline"): the row is the cost, and
 //! a handler that does more pays a smaller share of it.
 //!
-//! The whole pipeline runs as processes. The `payments` example is the producer: with `AMQP_URL` or `NATS_URL` (and a SQL `DATABASE_URL`) every new payment also
+//! The whole pipeline runs as processes. The `payments` example is the producer: with one of
+//! `AMQP_URL`, `NATS_URL`, `KAFKA_URL` (bootstrap servers) or `SQS_URL` (the endpoint; region
+//! and credentials from the usual `AWS_*` variables, `test` / `test` on a loopback endpoint)
+//! and a SQL `DATABASE_URL`, every new payment also
 //! writes a `payment.created` event to the outbox in the transaction of its charge (in the
 //! transactional mode, the transaction that also stores the response), and the process relays
 //! the outbox itself unless `OUTBOX_RELAY=0`:
@@ -124,6 +127,8 @@
 //!     cargo run --example receipts          # or NATS_URL=nats://127.0.0.1:4222 for all three
 //! ```
 //!
+//! (or `KAFKA_URL=127.0.0.1:9092`, or `SQS_URL=http://127.0.0.1:5000`, for all three).
+//!
 //! `tests/payments_pipeline.rs` SIGKILLs and restarts the payments process, a relay and two
 //! consumers while clients create 40 payments (each key sent twice, half of them concurrently,
 //! retried until a 201), on RabbitMQ and on NATS: one payment, one charge, one event and one
@@ -132,7 +137,8 @@
 //!
 //! All three take `PIPELINE_NAMESPACE` (a suffix for every broker name, so tests sharing a broker stay
 //! apart); `receipts` takes `RECEIPTS_DELAY_MS`, `RECEIPTS_CONCURRENCY`, `RECEIPTS_ACK_WAIT_MS`,
-//! `INBOX_RETENTION_SECS`; `outbox_relay` takes `OUTBOX_POLL_MS` (so does the relay in
+//! `INBOX_RETENTION_SECS`, `RECEIPTS_VISIBILITY_SECS` (SQS), `KAFKA_SESSION_TIMEOUT_MS`,
+//! `KAFKA_COMMIT_INTERVAL_MS`, `KAFKA_PARTITIONS`; `outbox_relay` takes `OUTBOX_POLL_MS` (so does the relay in
 //! `payments`) and `OUTBOX_CONFIRM_DELAY_MS`
 //! (its crash window, for tests). MySQL / MariaDB relays take rows with `SKIP LOCKED` and poll;
 //! SQLite relays take turns (`BEGIN IMMEDIATE`, one writer) and poll.
