@@ -491,9 +491,9 @@ async fn a_handler_outlives_max_poll(slow_first: bool) {
     .await;
 }
 
-// mutant: the inbox claim always answers New (no inbox) -> fails with "every committed
-// payment has a receipt" ... a second receipt for the held message, written by the member
-// that took its partition over.
+// mutant: a seen message id claimed as new (no inbox; src/inbox/sql_inbox.rs `claim`:
+// `Ok(false) => Ok(InboxClaim::New)`) -> fails with three receipts for the held message
+// (`{"pay_628c...": 3, ...}`): the member that took its partition over ran it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_that_outlives_max_poll_interval_loses_its_partition_and_gives_one_effect_each() {
     a_handler_outlives_max_poll(false).await;

@@ -264,8 +264,8 @@ async fn nats_kills() {
     }
 }
 
-/// Same mutant as [`rabbitmq_kills`] -> fails with "... payments with two receipts or more"
-/// (a member killed with settled offsets not yet committed, and partitions that move on every
+/// Same mutant as [`rabbitmq_kills`] -> fails with "6 payments with two receipts or more" (a
+/// member killed with settled offsets not yet committed, and partitions that move on every
 /// rebalance, hand messages out again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_kills() {
@@ -274,8 +274,9 @@ async fn kafka_kills() {
     }
 }
 
-/// Same mutant as [`rabbitmq_kills`] -> fails with "... payments with two receipts or more"
-/// (a consumer killed inside its transaction: the message comes back after the visibility).
+/// Same mutant as [`rabbitmq_kills`] -> fails with "1 payments with two receipts or more" (a
+/// relay killed between SQS's answer and its commit publishes again, and a standard queue has
+/// no deduplication; one run, the catch depends on where the kills land).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_kills() {
     if let Some(report) = on_sqs(&[Fault::Kill]).await {
@@ -285,7 +286,8 @@ async fn sqs_kills() {
 
 /// Mutant: the SQS subscriber gives up on a failed receive (src/broker/sqs.rs `next`: every
 /// error returned instead of waiting and receiving again) -> fails with "processes that gave
-/// up by themselves" ("receipts stopped: sqs: could not receive").
+/// up by themselves" ("receipts stopped: sqs: could not receive"), "36 payments without a
+/// receipt".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_broker_cuts() {
     if let Some(report) = on_sqs(&[Fault::BrokerOutage]).await {
