@@ -18,6 +18,7 @@
 //! | cause | what happens | cost |
 //! |---|---|---|
 //! | Kafka rebalance (a member joins, leaves or dies) | the partition's new owner reads again from the committed offset: messages settled but not yet committed, and those still in flight on the old owner | one more delivery each, answered "duplicate" (or "busy", then "duplicate", while the old owner's transaction runs); no loss, no second effect |
+//! | Kafka handler slower than `max.poll.interval.ms` (a consumer whose concurrency is full polls no more) | the client leaves the group; its partitions go to another member, which reads from the committed offset while the handler still works | the held message: one more delivery, answered "busy" until the first commit, then "duplicate"; no second effect, and the group's offsets still end at the end of each partition |
 //! | Kafka member killed mid-transaction | its transaction rolls back, its offsets past the last settled prefix were never stored | the group's session timeout, then one redelivery |
 //! | SQS visibility timeout shorter than the handler, heartbeat off | a second consumer receives the message while the first works; its claim waits ("busy") for the first to commit | one more delivery, answered "duplicate"; the receive count rises |
 //! | the same, heartbeat on (the default) | the visibility is extended every third of the timeout while the delivery is held | nothing: no second delivery |
@@ -97,7 +98,9 @@
 //! Proven against real servers in `tests/broker_reconnect.rs` (RabbitMQ behind a proxy cut
 //! and silenced, a `nats-server` SIGKILLed and restarted, once on an empty store),
 //! `tests/inbox_outage.rs` (PostgreSQL cut for 10 s under load) and the pipeline fault
-//! harness `tests/pipeline_faults.rs` (payments, relays and consumers as processes).
+//! harness `tests/pipeline_faults.rs` (payments, relays and consumers as processes; on Kafka
+//! and SQS: kills, and on SQS a proxy that cuts every connection). `tests/pipeline_process.rs`
+//! kills relays and consumers on all four brokers.
 //!
 //! Ordering: one relay publishes in insertion order, so events of one aggregate written by
 //! serialized transactions reach the broker in order; several relays, retries and several
