@@ -5,11 +5,11 @@
 mod pipeline;
 mod process;
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, time::Duration};
 
-use pipeline::Db;
+use pipeline::{inbox_copies::race_copies, Db};
 use process::shared::Shared;
-use tokio::sync::Barrier;
+use sqlx::PgConnection;
 use tower_idempotency::inbox::{InboxClaim, InboxStore, PgInbox};
 
 async fn with_db<F: std::future::Future<Output = ()>>(test: impl FnOnce(Db) -> F) {
@@ -21,49 +21,31 @@ async fn with_db<F: std::future::Future<Output = ()>>(test: impl FnOnce(Db) -> F
         .await;
 }
 
-/// One copy of a message as a consumer would handle it: claim, write a receipt, hold the
-/// transaction a moment, commit; a busy claim rolls back and looks again.
-async fn handle_copy(inbox: &PgInbox, id: &str) -> InboxClaim {
-    loop {
-        let mut tx = inbox.pool().begin().await.expect("begin");
-        match inbox.claim(&mut tx, "receipts", id).await.expect("claim") {
-            InboxClaim::New => {
-                sqlx::query(
-                    "INSERT INTO receipts (payment_id, amount, currency) VALUES ($1, 1, 'EUR')",
-                )
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .expect("insert receipt");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                tx.commit().await.expect("commit");
-                return InboxClaim::New;
-            }
-            InboxClaim::Duplicate => return InboxClaim::Duplicate,
-            InboxClaim::Busy => {
-                drop(tx);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+/// The receipt of message `id`, written in the claim's transaction.
+fn write_receipt<'a>(
+    conn: &'a mut PgConnection,
+    id: &'a str,
+) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO receipts (payment_id, amount, currency) VALUES ($1, 1, 'EUR')")
+            .bind(id)
+            .execute(conn)
+            .await
+            .expect("insert receipt");
+    })
 }
 
 #[tokio::test]
 async fn overlapping_copies_of_one_message_write_one_receipt() {
     with_db(|db| async move {
-        let copies = 16;
-        let barrier = Arc::new(Barrier::new(copies));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..copies {
-            let (inbox, barrier) = (db.inbox.clone(), barrier.clone());
-            tasks.spawn(async move {
-                barrier.wait().await;
-                handle_copy(&inbox, "msg-1").await
-            });
-        }
-        let claims = tasks.join_all().await;
-        let new = claims.iter().filter(|c| **c == InboxClaim::New).count();
-        assert_eq!(new, 1, "{claims:?}");
+        race_copies(
+            &db.inbox,
+            "msg-1",
+            16,
+            write_receipt,
+            Duration::from_millis(300),
+        )
+        .await;
         assert_eq!(db.receipts().await.get("msg-1"), Some(&1), "receipt rows");
     })
     .await;

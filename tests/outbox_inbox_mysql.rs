@@ -9,16 +9,15 @@ mod outbox_parking;
 mod pipeline;
 mod process;
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{collections::HashSet, future::Future, pin::Pin, time::Duration};
 
 use outbox_parking::{
     a_refused_row_is_parked_and_holds_back_nothing, an_upgraded_table_parks_and_sends, one_refusal,
     three_refusals,
 };
-use pipeline::{race_relays, tally, TestBroker, TOPIC};
+use pipeline::{inbox_copies::race_copies, race_relays, tally, TestBroker, TOPIC};
 use process::shared::Shared;
-use sqlx::MySqlPool;
-use tokio::sync::Barrier;
+use sqlx::{MySqlConnection, MySqlPool};
 use tower_idempotency::{
     inbox::{InboxClaim, InboxStore, MySqlInbox},
     outbox::{MySqlOutbox, NewEvent, OutboxSource, Relay},
@@ -112,6 +111,20 @@ async fn racing_relays_publish_every_committed_row_once_and_no_rolled_back_row()
     cleanup.clean_up().await;
 }
 
+/// The receipt of message `id`, written in the claim's transaction.
+fn write_receipt<'a>(
+    conn: &'a mut MySqlConnection,
+    id: &'a str,
+) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO receipts VALUES (?)")
+            .bind(id)
+            .execute(conn)
+            .await
+            .expect("insert receipt");
+    })
+}
+
 #[tokio::test]
 async fn overlapping_copies_of_one_message_commit_one_effect() {
     with_mysql(|pool| async move {
@@ -121,46 +134,13 @@ async fn overlapping_copies_of_one_message_commit_one_effect() {
             .execute(&pool)
             .await
             .unwrap();
-        let copies = 8;
-        let barrier = Arc::new(Barrier::new(copies));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..copies {
-            let (inbox, barrier) = (inbox.clone(), barrier.clone());
-            tasks.spawn(async move {
-                barrier.wait().await;
-                let mut busy = 0;
-                loop {
-                    let mut tx = inbox.pool().begin().await.unwrap();
-                    match inbox.claim(&mut tx, "receipts", "m1").await.unwrap() {
-                        InboxClaim::New => {
-                            sqlx::query("INSERT INTO receipts VALUES ('m1')")
-                                .execute(&mut *tx)
-                                .await
-                                .unwrap();
-                            // Longer than the lock wait: the other copies see "busy".
-                            tokio::time::sleep(Duration::from_millis(1500)).await;
-                            tx.commit().await.unwrap();
-                            return (InboxClaim::New, busy);
-                        }
-                        InboxClaim::Duplicate => return (InboxClaim::Duplicate, busy),
-                        InboxClaim::Busy => {
-                            busy += 1;
-                            drop(tx);
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            });
-        }
-        let results = tasks.join_all().await;
-        let new = results
-            .iter()
-            .filter(|(c, _)| *c == InboxClaim::New)
-            .count();
-        assert_eq!(new, 1, "{results:?}");
+        // The winner holds its transaction longer than the claim's lock wait: the other
+        // copies see "busy".
+        let outcomes =
+            race_copies(&inbox, "m1", 8, write_receipt, Duration::from_millis(1500)).await;
         assert!(
-            results.iter().any(|(_, busy)| *busy > 0),
-            "no copy was ever busy: {results:?}"
+            outcomes.iter().any(|o| o.busy > 0),
+            "no copy was ever busy: {outcomes:?}"
         );
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM receipts")
             .fetch_one(&pool)

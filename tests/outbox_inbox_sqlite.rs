@@ -9,20 +9,19 @@ mod outbox_parking;
 mod pipeline;
 mod process;
 
-use std::{collections::HashSet, str::FromStr, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet, future::Future, pin::Pin, str::FromStr, sync::Arc, time::Duration,
+};
 
 use async_trait::async_trait;
 use outbox_parking::{a_refused_row_is_parked_and_holds_back_nothing, three_refusals};
-use pipeline::{race_relays, tally, TestBroker, TOPIC};
+use pipeline::{inbox_copies::race_copies, race_relays, tally, TestBroker, TOPIC};
 use process::shared::Shared;
-use sqlx::{sqlite::SqliteConnectOptions, SqlitePool};
-use tokio::{
-    sync::{Barrier, Notify},
-    time::Instant,
-};
+use sqlx::{sqlite::SqliteConnectOptions, SqliteConnection, SqlitePool};
+use tokio::{sync::Notify, time::Instant};
 use tower_idempotency::{
     broker::{BrokerError, OutgoingMessage, Publisher, Verdict},
-    inbox::{InboxClaim, InboxStore, SqliteInbox},
+    inbox::{InboxStore, SqliteInbox},
     outbox::{NewEvent, OutboxSource, SqliteOutbox},
 };
 
@@ -90,6 +89,20 @@ async fn relays_take_turns_and_publish_every_committed_row_once() {
     cleanup.clean_up().await;
 }
 
+/// The receipt of message `id`, written in the claim's transaction.
+fn write_receipt<'a>(
+    conn: &'a mut SqliteConnection,
+    id: &'a str,
+) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO receipts VALUES (?)")
+            .bind(id)
+            .execute(conn)
+            .await
+            .expect("insert receipt");
+    })
+}
+
 #[tokio::test]
 async fn overlapping_copies_of_one_message_commit_one_effect() {
     with_sqlite(|pool| async move {
@@ -99,40 +112,7 @@ async fn overlapping_copies_of_one_message_commit_one_effect() {
             .execute(&pool)
             .await
             .unwrap();
-        let copies = 4;
-        let barrier = Arc::new(Barrier::new(copies));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..copies {
-            let (inbox, barrier) = (inbox.clone(), barrier.clone());
-            tasks.spawn(async move {
-                barrier.wait().await;
-                loop {
-                    let mut tx = inbox.pool().begin().await.unwrap();
-                    match inbox.claim(&mut tx, "receipts", "m1").await.unwrap() {
-                        InboxClaim::New => {
-                            sqlx::query("INSERT INTO receipts VALUES ('m1')")
-                                .execute(&mut *tx)
-                                .await
-                                .unwrap();
-                            tokio::time::sleep(Duration::from_millis(300)).await;
-                            tx.commit().await.unwrap();
-                            return InboxClaim::New;
-                        }
-                        InboxClaim::Duplicate => return InboxClaim::Duplicate,
-                        InboxClaim::Busy => {
-                            drop(tx);
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            });
-        }
-        let claims = tasks.join_all().await;
-        assert_eq!(
-            claims.iter().filter(|c| **c == InboxClaim::New).count(),
-            1,
-            "{claims:?}"
-        );
+        race_copies(&inbox, "m1", 4, write_receipt, Duration::from_millis(300)).await;
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM receipts")
             .fetch_one(&pool)
             .await

@@ -106,6 +106,12 @@ pub fn kill_child(child: &mut Child) {
 /// The status of `GET path` on 127.0.0.1:`port` (HTTP/1.0, no keep-alive), or `None` when
 /// nothing answers within a second.
 pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    http_get(port, path).await.map(|(status, _)| status)
+}
+
+/// The status and body of `GET path` on 127.0.0.1:`port` (HTTP/1.0: the server closes the
+/// connection after the body), or `None` when nothing answers within a second.
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -114,9 +120,12 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
             .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
             .await
             .ok()?;
-        let mut head = [0u8; 12];
-        stream.read_exact(&mut head).await.ok()?;
-        std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        let response = String::from_utf8_lossy(&response);
+        let status = response.get(9..12)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        Some((status, body.to_owned()))
     };
     tokio::time::timeout(Duration::from_secs(1), exchange)
         .await

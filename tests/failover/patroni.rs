@@ -24,7 +24,8 @@ use std::{
 use sqlx::{Connection, PgConnection};
 
 use super::{
-    http_status, iptables::Chain, kill_9, kill_child, on_path, tail, wait_until, OwnDir, User,
+    http_get, http_status, iptables::Chain, kill_9, kill_child, on_path, tail, wait_until, OwnDir,
+    User,
 };
 
 /// How long the cluster may take to form, or to fail over, before the test fails.
@@ -114,6 +115,7 @@ impl PgCluster {
             dir,
         };
         cluster.start_etcd();
+        cluster.wait_for_etcd().await;
         for index in 0..2 {
             let node = cluster.node(index);
             cluster.nodes.push(node);
@@ -209,6 +211,29 @@ impl PgCluster {
                     }
                 }
                 true
+            },
+        )
+        .await;
+    }
+
+    /// Until etcd has decided its cluster version: a Patroni that connects before then
+    /// exits at once (its etcd3 client parses the version "not_decided" as a number), and the
+    /// node never comes up (seen on a loaded machine).
+    async fn wait_for_etcd(&self) {
+        let port = self.base;
+        let log = self.dir.path.join("etcd.log");
+        wait_until(
+            "etcd deciding its cluster version",
+            PATIENCE,
+            || tail(&log, 30),
+            || async move {
+                http_get(port, "/version")
+                    .await
+                    .is_some_and(|(status, body)| {
+                        status == 200
+                            && body.contains("etcdcluster")
+                            && !body.contains("not_decided")
+                    })
             },
         )
         .await;

@@ -8,6 +8,7 @@
 #[path = "../brokers/mod.rs"]
 pub mod brokers;
 pub mod clients;
+pub mod inbox_copies;
 
 use std::{
     collections::{HashMap, HashSet},
