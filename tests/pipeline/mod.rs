@@ -1,6 +1,6 @@
 //! What the outbox, inbox and pipeline tests share: a fresh PostgreSQL schema, a broker
 //! topology with a random namespace (the example's names plus a suffix, so tests sharing the
-//! machine's RabbitMQ and NATS stay apart), a producer that commits payment + outbox rows
+//! machine's RabbitMQ, NATS, Kafka and SQS stay apart), a producer that commits payment + outbox rows
 //! through the library, and a receipts handler like the example's.
 #![allow(dead_code)]
 
