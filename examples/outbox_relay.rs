@@ -6,10 +6,15 @@
 //!     cargo run --example outbox_relay
 //! DATABASE_URL=postgres://root@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
 //!     cargo run --example outbox_relay
+//! DATABASE_URL=postgres://root@127.0.0.1/test KAFKA_URL=127.0.0.1:9092 \
+//!     cargo run --example outbox_relay
+//! DATABASE_URL=postgres://root@127.0.0.1/test SQS_URL=http://127.0.0.1:5000 \
+//!     cargo run --example outbox_relay
 //! ```
 //!
-//! Environment: `DATABASE_URL`, one of `AMQP_URL` / `NATS_URL`, `PIPELINE_NAMESPACE` (see
-//! `pipeline/mod.rs`), `OUTBOX_POLL_MS` (polling fallback, default 1000),
+//! Environment: `DATABASE_URL`, one of `AMQP_URL` / `NATS_URL` / `KAFKA_URL` / `SQS_URL`
+//! (their settings, and the SQS region and credentials: see `pipeline/mod.rs`),
+//! `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`), `OUTBOX_POLL_MS` (polling fallback, default 1000),
 //! `OUTBOX_CONFIRM_DELAY_MS` (sleeps after the broker confirmed a batch and before it is
 //! marked sent: the relay's crash window, where a kill makes it publish the batch again;
 //! default 0), `OUTBOX_REFUSAL_ATTEMPTS` / `OUTBOX_REFUSAL_DELAY_MS` (rows the broker refuses:

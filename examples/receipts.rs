@@ -1,16 +1,23 @@
 //! `receipts`: consumes `payment.created` events and writes one receipt per payment, through
-//! the inbox, on RabbitMQ or NATS JetStream.
+//! the inbox, on RabbitMQ, NATS JetStream, Kafka or SQS.
 //!
 //! ```text
 //! DATABASE_URL=postgres://root@127.0.0.1/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f \
 //!     cargo run --example receipts
 //! DATABASE_URL=postgres://root@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
 //!     cargo run --example receipts
+//! DATABASE_URL=postgres://root@127.0.0.1/test KAFKA_URL=127.0.0.1:9092 \
+//!     cargo run --example receipts
+//! DATABASE_URL=postgres://root@127.0.0.1/test SQS_URL=http://127.0.0.1:5000 \
+//!     cargo run --example receipts
 //! ```
 //!
-//! Environment: `DATABASE_URL` (PostgreSQL, MySQL / MariaDB or SQLite), one of `AMQP_URL` / `NATS_URL`, `RECEIPTS_DELAY_MS` (sleep
+//! Environment: `DATABASE_URL` (PostgreSQL, MySQL / MariaDB or SQLite), one of `AMQP_URL` /
+//! `NATS_URL` / `KAFKA_URL` / `SQS_URL` (with their own settings and, for SQS, the AWS region
+//! and credentials: see `pipeline/mod.rs`), `RECEIPTS_DELAY_MS` (sleep
 //! after writing the receipt, before the commit: the crash window; default 0),
 //! `RECEIPTS_CONCURRENCY` (default 8), `RECEIPTS_ACK_WAIT_MS` (NATS, default 30000),
+//! `RECEIPTS_VISIBILITY_SECS` (SQS, default 30; extended while a handler runs),
 //! `INBOX_RETENTION_SECS` (default 7 days), `PIPELINE_NAMESPACE` (see `pipeline/mod.rs`),
 //! `STARTUP_PATIENCE_SECS` (how long the first database and broker connections are tried
 //! again, default 60). Once running, the subscriber reconnects by itself and a database
@@ -27,7 +34,7 @@ use async_trait::async_trait;
 use pipeline::{Broker, Database};
 use sqlx::{MySql, MySqlConnection, PgConnection, Postgres, Sqlite, SqliteConnection};
 use tower_idempotency::{
-    broker::{amqp::AmqpSubscriber, nats::NatsSubscriber},
+    broker::{amqp::AmqpSubscriber, nats::NatsSubscriber, sqs::SqsSubscriber},
     inbox::{
         Consumer, ConsumerConfig, Handler, HandlerError, InboxStore, Message, MySqlInbox, PgInbox,
         SqliteInbox,
@@ -232,6 +239,30 @@ async fn consume<I: InboxStore, H: Handler<I::Database>>(
             })
             .await?;
             tracing::info!(stream = %topology.stream, consumer = %topology.consumer, "receipts: consuming from NATS JetStream");
+            consumer
+                .run_until(subscriber, pipeline::shutdown_signal())
+                .await?;
+        }
+        Broker::Kafka { ref topology, .. } => {
+            let subscriber = pipeline::retry_start(BROKER, || broker.kafka_subscriber()).await?;
+            tracing::info!(topic = %topology.topic, group = %topology.group, "receipts: consuming from Kafka");
+            consumer
+                .run_until(subscriber, pipeline::shutdown_signal())
+                .await?;
+        }
+        Broker::Sqs {
+            ref client,
+            ref topology,
+        } => {
+            let subscriber = pipeline::retry_start(BROKER, || async {
+                let queues = broker.sqs_queues().await?;
+                SqsSubscriber::connect(client.clone(), &queues).await
+            })
+            .await?;
+            // Received messages wait for a free handler while their visibility runs: take
+            // no more than can be handled at once.
+            let subscriber = subscriber.batch(u8::try_from(concurrency).unwrap_or(u8::MAX));
+            tracing::info!(queue = %topology.queue, "receipts: consuming from SQS");
             consumer
                 .run_until(subscriber, pipeline::shutdown_signal())
                 .await?;

@@ -5,7 +5,6 @@
 //!
 //! Needs TEST_POSTGRES_URL and TEST_KAFKA_URL (`scripts/test` sets them).
 
-mod brokers;
 mod pipeline;
 mod process;
 
@@ -20,7 +19,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use brokers::{
+use pipeline::brokers::{
     child::{self, ChildProcess},
     kafka::TestTopic,
 };
@@ -29,8 +28,8 @@ use process::shared::Shared;
 use sqlx::{PgConnection, Postgres};
 use tower_idempotency::{
     broker::{
-        kafka::{KafkaPublisher, KafkaTopology, REASON_HEADER},
-        OutgoingMessage, Publisher, Subscriber,
+        kafka::{KafkaPublisher, KafkaSubscriber, KafkaTopology, REASON_HEADER},
+        Delivery, OutgoingMessage, Publisher, Subscriber,
     },
     inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Message, Outcome, PgInbox},
     outbox::Relay,
@@ -331,6 +330,185 @@ async fn a_member_killed_inside_its_transaction_loses_no_message() {
         assert_offsets_at_the_end(&topic);
     })
     .await;
+}
+
+/// `max.poll.interval.ms`: the longest a member may go between two polls before the client
+/// leaves the group (librdkafka enforces it in the client; it must be at least the session
+/// timeout).
+const MAX_POLL: Duration = Duration::from_secs(4);
+
+/// One processed delivery of the max-poll test: the member, the message id, when `next`
+/// handed it out, when its processing ended, and how.
+type Seen = Arc<std::sync::Mutex<Vec<(&'static str, String, Instant, Instant, Outcome)>>>;
+
+/// A handler that holds the first message it handles for `hold` (past [`MAX_POLL`]) and
+/// says which one it is.
+struct HoldsTheFirst {
+    inner: WriteReceipt,
+    hold: Duration,
+    held: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+#[async_trait]
+impl Handler<Postgres> for HoldsTheFirst {
+    async fn handle(&self, conn: &mut PgConnection, message: &Message) -> Result<(), HandlerError> {
+        let first = {
+            let mut held = self.held.lock().unwrap();
+            let first = held.is_none();
+            held.get_or_insert_with(|| message.id.clone());
+            first
+        };
+        self.inner.handle(conn, message).await?;
+        if first {
+            tokio::time::sleep(self.hold).await;
+        }
+        Ok(())
+    }
+}
+
+/// One member handling its deliveries one by one (no poll while a delivery is processed, as
+/// a consumer with concurrency 1), until `stop` turns true.
+async fn member_loop<H: Handler<Postgres>>(
+    name: &'static str,
+    mut subscriber: KafkaSubscriber,
+    consumer: Consumer<PgInbox, H>,
+    seen: Seen,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let delivery = tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => break,
+            delivery = subscriber.next() => delivery.expect("kafka member"),
+        };
+        let received = Instant::now();
+        let id = delivery.message_id().unwrap_or_default().to_owned();
+        let outcome = consumer.process(&delivery).await;
+        seen.lock()
+            .unwrap()
+            .push((name, id, received, Instant::now(), outcome));
+    }
+    // Past the commit interval: the last stored offsets are committed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Two members on a topic of 2 partitions while payments keep coming (one every 300 ms): a
+/// quick one, and a slow one whose first message is held for three times [`MAX_POLL`], so
+/// its client leaves the group while the handler works and the other member takes the
+/// partition over. `slow_first`: the slow member joins first (and leads the group).
+async fn a_handler_outlives_max_poll(slow_first: bool) {
+    with_topic(2, |db, topic| async move {
+        let seen: Seen = Arc::default();
+        let held = Arc::new(std::sync::Mutex::new(None::<String>));
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let start = |name: &'static str| {
+            let mut config = topic.member_config(SESSION);
+            config.set("max.poll.interval.ms", MAX_POLL.as_millis().to_string());
+            let subscriber =
+                KafkaSubscriber::from_config(config, &topic.topology).expect("join the group");
+            let (inbox, seen, stopping) = (db.inbox.clone(), seen.clone(), stopping.clone());
+            let inner = WriteReceipt {
+                delay: Duration::ZERO,
+            };
+            if name == "slow" {
+                let handler = HoldsTheFirst {
+                    inner,
+                    hold: MAX_POLL * 3,
+                    held: held.clone(),
+                };
+                let consumer = Consumer::new("receipts", inbox, handler);
+                tokio::spawn(member_loop(name, subscriber, consumer, seen, stopping))
+            } else {
+                let consumer = Consumer::new("receipts", inbox, inner);
+                tokio::spawn(member_loop(name, subscriber, consumer, seen, stopping))
+            }
+        };
+        // Payments keep coming until the slow member holds one, and a few after.
+        let produce = async {
+            let mut committed = HashSet::new();
+            let mut after = 0;
+            while after < 5 {
+                committed.extend(pay_and_relay(&db, &topic, 1).await);
+                if held.lock().unwrap().is_some() {
+                    after += 1;
+                }
+                assert!(committed.len() < 150, "the slow member never got a message");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            committed
+        };
+        let members = async {
+            let first = start(if slow_first { "slow" } else { "quick" });
+            // The first member works before the second joins.
+            let deadline = Instant::now() + JOIN;
+            while seen.lock().unwrap().is_empty() && held.lock().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "no delivery after {JOIN:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (first, start(if slow_first { "quick" } else { "slow" }))
+        };
+        let (committed, (first, second)) = tokio::join!(produce, members);
+        let reader = topic.clone();
+        let (ends, _) = tokio::task::spawn_blocking(move || {
+            reader.read_all(&reader.topology.topic, reader.topology.partitions)
+        })
+        .await
+        .expect("read the topic");
+        wait_for_receipts(&db, &committed, Duration::from_secs(60)).await;
+        // The group's offsets reach the end of each partition (tansu's ListOffsets is wrong:
+        // the end is where the records read end).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while topic.committed() != ends {
+            assert!(
+                Instant::now() < deadline,
+                "committed {:?}, ends {ends:?}",
+                topic.committed()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        stop.send_replace(true);
+        first.await.expect("first member");
+        second.await.expect("second member");
+
+        let seen = seen.lock().unwrap().clone();
+        let held = held.lock().unwrap().clone().expect("a held message");
+        // The partition was taken from the slow member while it held the message: the
+        // other member received it before the slow one was done with it.
+        let (.., slow_done, _) = seen
+            .iter()
+            .find(|(name, id, ..)| *name == "slow" && *id == held)
+            .expect("the slow member's held message");
+        assert!(
+            seen.iter().any(|(name, id, received, ..)| *name == "quick"
+                && *id == held
+                && received < slow_done),
+            "the held message reached the other member while it was held: {seen:#?}"
+        );
+        assert_one_receipt_each(&db, &committed, &format!("{seen:#?}")).await;
+        assert_eq!(topic.committed(), ends, "committed offsets at the end");
+        let (_, dead) = topic.read_all(&topic.topology.dead_letter_topic(), 1);
+        assert!(dead.is_empty(), "dead letters: {dead:?}");
+    })
+    .await;
+}
+
+// mutant: a seen message id claimed as new (no inbox; src/inbox/sql_inbox.rs `claim`:
+// `Ok(false) => Ok(InboxClaim::New)`) -> fails with three receipts for the held message
+// (`{"pay_628c...": 3, ...}`): the member that took its partition over ran it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_outlives_max_poll_interval_loses_its_partition_and_gives_one_effect_each() {
+    a_handler_outlives_max_poll(false).await;
+}
+
+/// tansu keeps a member that left the group (librdkafka's LeaveGroup on max.poll.interval.ms,
+/// answered with success) as the group's leader: every JoinGroup answer of the next generation
+/// names it, the followers' SyncGroup answers "rebalance in progress" for as long as anyone
+/// tries (50 s seen, with a 3 s session), and nothing is consumed. Kafka removes the member
+/// and elects another leader. The test above has the slow member join second, so that it is
+/// not the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "tansu defect: a leader that left the group stays its leader, the rebalance never ends"]
+async fn tansu_elects_a_new_leader_when_the_leader_exceeds_max_poll_interval() {
+    a_handler_outlives_max_poll(true).await;
 }
 
 /// The member process of the tests above: `CHILD_CONCURRENCY` deliveries at a time (1),

@@ -43,6 +43,8 @@ async fn killed_everywhere(shared: Shared, broker: TestBroker) {
     let destination = match broker {
         TestBroker::Amqp { .. } => "relayed to RabbitMQ exchange payments_t",
         TestBroker::Nats { .. } => "relayed to NATS JetStream stream PAYMENTS_t",
+        TestBroker::Kafka { .. } => "relayed to Kafka topic payments_t",
+        TestBroker::Sqs { .. } => "relayed to SQS queue receipts_t",
     };
     server.wait_for_log(destination).await;
     let (publish, current) = watch::channel(server.http());

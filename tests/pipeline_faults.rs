@@ -1,19 +1,25 @@
 //! The pipeline fault harness (issue 32): the `payments` service (its relay inside), a
 //! separate `outbox_relay` and two `receipts` consumers as real processes on PostgreSQL;
 //! clients that send every key twice and retry until 201; a nemesis that SIGKILLs processes,
-//! takes the broker away (a proxy of the test's own in front of RabbitMQ cuts every
+//! takes the broker away (a proxy of the test's own in front of RabbitMQ or SQS cuts every
 //! connection; a `nats-server -js` of the test's own is SIGKILLed and restarted), takes the
 //! consumers' database away (a proxy in front of PostgreSQL) and plants poison outbox rows.
 //! The checker counts in the database: one receipt per payment, nothing unsent, nothing
 //! dead-lettered, no process that gave up.
 //!
-//! One test per broker and fault kind, `PIPELINE_FAULTS_SECS` seconds of new payments each
+//! One test per broker and fault kind (Kafka: kills; SQS: kills and broker cuts), `PIPELINE_FAULTS_SECS` seconds of new payments each
 //! (default 8); the tests take turns. `scripts/bench.d/pipeline-faults.sh` runs every kind at
 //! once, long, and prints the rows of BENCHMARKS.md ("Pipeline faults").
 //!
 //! Each test names the mutant it catches: a change to the library, applied by hand, run, seen
 //! failing, reverted.
-#![cfg(all(feature = "postgres", feature = "amqp", feature = "nats"))]
+#![cfg(all(
+    feature = "postgres",
+    feature = "amqp",
+    feature = "nats",
+    feature = "kafka",
+    feature = "sqs"
+))]
 
 mod pipeline;
 mod process;
@@ -161,7 +167,31 @@ async fn on_rabbitmq(kinds: &[Fault]) -> Option<Report> {
     let TestBroker::Amqp { url, .. } = &broker else {
         unreachable!()
     };
-    let link = BrokerLink::amqp(url).await;
+    let link = BrokerLink::proxied(url).await;
+    run(broker, link, Plan::new(kinds)).await
+}
+
+/// A run of `kinds` on the machine's Kafka (`None`: skipped); no broker outage (the link
+/// is direct).
+async fn on_kafka(kinds: &[Fault]) -> Option<Report> {
+    let broker = TestBroker::kafka()?;
+    let TestBroker::Kafka { topic, .. } = &broker else {
+        unreachable!()
+    };
+    let link = BrokerLink::Direct {
+        url: topic.brokers.clone(),
+    };
+    run(broker, link, Plan::new(kinds)).await
+}
+
+/// A run of `kinds` on SQS behind the test's proxy (`None`: skipped). A visibility timeout
+/// of 2 s: a killed consumer's messages come back soon.
+async fn on_sqs(kinds: &[Fault]) -> Option<Report> {
+    let broker = TestBroker::sqs(Duration::from_secs(2))?;
+    let TestBroker::Sqs { url, .. } = &broker else {
+        unreachable!()
+    };
+    let link = BrokerLink::proxied(url).await;
     run(broker, link, Plan::new(kinds)).await
 }
 
@@ -189,6 +219,37 @@ async fn rabbitmq_kills() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_kills() {
     if let Some(report) = on_nats(&[Fault::Kill]).await {
+        assert_passed(&report);
+    }
+}
+
+/// Same mutant as [`rabbitmq_kills`] -> fails with "6 payments with two receipts or more" (a
+/// member killed with settled offsets not yet committed, and partitions that move on every
+/// rebalance, hand messages out again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_kills() {
+    if let Some(report) = on_kafka(&[Fault::Kill]).await {
+        assert_passed(&report);
+    }
+}
+
+/// Same mutant as [`rabbitmq_kills`] -> fails with "1 payments with two receipts or more" (a
+/// relay killed between SQS's answer and its commit publishes again, and a standard queue has
+/// no deduplication; one run, the catch depends on where the kills land).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_kills() {
+    if let Some(report) = on_sqs(&[Fault::Kill]).await {
+        assert_passed(&report);
+    }
+}
+
+/// Mutant: the SQS subscriber gives up on a failed receive (src/broker/sqs.rs `next`: every
+/// error returned instead of waiting and receiving again) -> fails with "processes that gave
+/// up by themselves" ("receipts stopped: sqs: could not receive"), "36 payments without a
+/// receipt".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_broker_cuts() {
+    if let Some(report) = on_sqs(&[Fault::BrokerOutage]).await {
         assert_passed(&report);
     }
 }

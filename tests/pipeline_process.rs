@@ -3,10 +3,11 @@
 //! restarted while a producer commits payment + outbox rows through the library (the
 //! `payments` service itself is the producer in `payments_pipeline.rs`). When all is quiet: exactly
 //! one receipt per committed payment, none for a rolled-back one, no unsent outbox row — on
-//! RabbitMQ and on NATS JetStream with PostgreSQL, and on RabbitMQ with MariaDB.
+//! RabbitMQ, NATS JetStream, Kafka (tansu) and SQS (moto) with PostgreSQL, and on RabbitMQ with
+//! MariaDB.
 //!
-//! Needs TEST_POSTGRES_URL, TEST_MYSQL_URL, TEST_AMQP_URL, TEST_NATS_URL and the example binaries
-//! (`scripts/test` builds them).
+//! Needs TEST_POSTGRES_URL, TEST_MYSQL_URL, TEST_AMQP_URL, TEST_NATS_URL, TEST_KAFKA_URL,
+//! TEST_SQS_URL and the example binaries (`scripts/test` builds them).
 
 mod pipeline;
 mod process;
@@ -74,6 +75,24 @@ async fn killed_relays_and_consumers_leave_one_receipt_per_payment_on_rabbitmq()
 #[tokio::test]
 async fn killed_relays_and_consumers_leave_one_receipt_per_payment_on_nats() {
     if let Some(broker) = TestBroker::nats(Duration::from_millis(500)) {
+        with_broker(broker, run).await;
+    }
+}
+
+// A killed member's partitions move once its session (6 s here) ends; every kill of a
+// consumer is a rebalance.
+#[tokio::test]
+async fn killed_relays_and_consumers_leave_one_receipt_per_payment_on_kafka() {
+    if let Some(broker) = TestBroker::kafka() {
+        with_broker(broker, run).await;
+    }
+}
+
+// A killed consumer's messages come back when their 2 s visibility ends; the survivors'
+// heartbeats keep theirs.
+#[tokio::test]
+async fn killed_relays_and_consumers_leave_one_receipt_per_payment_on_sqs() {
+    if let Some(broker) = TestBroker::sqs(Duration::from_secs(2)) {
         with_broker(broker, run).await;
     }
 }

@@ -4,7 +4,6 @@
 //!
 //! Needs TEST_POSTGRES_URL and TEST_SQS_URL (`scripts/test` sets them).
 
-mod brokers;
 mod pipeline;
 mod process;
 
@@ -16,7 +15,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use brokers::{
+use pipeline::brokers::{
     child::{self, ChildProcess},
     sqs::{client, TestQueues},
 };

@@ -23,7 +23,7 @@ pub struct Config {
     pub delay_after_charge: Duration,
     pub fail_first: u64,
     pub mode: Mode,
-    /// `AMQP_URL` or `NATS_URL` is set: every charge writes a `payment.created` event to the
+    /// `AMQP_URL`, `NATS_URL`, `KAFKA_URL` or `SQS_URL` is set: every charge writes a `payment.created` event to the
     /// outbox (the broker itself is read by `pipeline::Broker`).
     pub events: bool,
     /// `OUTBOX_RELAY` (default `1`): relay the outbox in this process.
@@ -43,9 +43,9 @@ impl Config {
     pub fn from_env() -> Result<Self, String> {
         let database_url = var("DATABASE_URL");
         let redis = Redis::from_env()?;
-        let events = var("AMQP_URL").is_some() || var("NATS_URL").is_some();
+        let events = crate::pipeline::Broker::named();
         if events && database_url.is_none() {
-            return Err("AMQP_URL / NATS_URL need a SQL DATABASE_URL (postgres://, mysql:// or sqlite://): the payment.created events are written to its outbox table in the charge's transaction".to_owned());
+            return Err("AMQP_URL / NATS_URL / KAFKA_URL / SQS_URL need a SQL DATABASE_URL (postgres://, mysql:// or sqlite://): the payment.created events are written to its outbox table in the charge's transaction".to_owned());
         }
         let outbox_relay = match var("OUTBOX_RELAY").as_deref() {
             None | Some("1") => true,

@@ -1,6 +1,6 @@
-//! `payment.created` events, with `AMQP_URL` or `NATS_URL` set: the charge's transaction
-//! writes them to the outbox table (`sql_payments.rs`), and unless `OUTBOX_RELAY=0` a relay in
-//! this process publishes them to the broker. The broker names (and `PIPELINE_NAMESPACE`) are
+//! `payment.created` events, with one of `AMQP_URL`, `NATS_URL`, `KAFKA_URL` or `SQS_URL`
+//! set: the charge's transaction writes them to the outbox table (`sql_payments.rs`), and
+//! unless `OUTBOX_RELAY=0` a relay in this process publishes them to the broker. The broker names (and `PIPELINE_NAMESPACE`) are
 //! those of `receipts` and `outbox_relay`: see `pipeline/mod.rs`.
 
 use tokio::{sync::oneshot, task::JoinHandle};

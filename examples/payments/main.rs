@@ -47,7 +47,7 @@
 //! | `PAYMENTS_DELAY_AFTER_CHARGE_MS` | sleep after writing the charge, before answering (and, transactional, before commit) | 0 |
 //! | `PAYMENTS_FAIL_FIRST` | the first N creates answer 503 and record nothing (a flaky processor) | 0 |
 //! | `LOG_FORMAT` | `json`: one JSON object a log line (for log shippers); otherwise text, coloured only on a terminal without `NO_COLOR` | text |
-//! | `AMQP_URL` / `NATS_URL` | a broker for `payment.created` events (below) | unset |
+//! | `AMQP_URL` / `NATS_URL` / `KAFKA_URL` / `SQS_URL` | a broker for `payment.created` events (below; exactly one; their settings, and the SQS region and credentials, in `pipeline/mod.rs`) | unset |
 //! | `OUTBOX_RELAY` | `0`: write outbox events but relay them from another process | `1` |
 //! | `OUTBOX_REFUSAL_ATTEMPTS` / `OUTBOX_REFUSAL_DELAY_MS` | refusals of one outbox row before it is parked / the first wait after a refusal (doubling up to 1 min) | 10 / 1000 |
 //! | `STARTUP_PATIENCE_SECS` | how long the first database and broker connections are tried again before the process gives up | 60 |
@@ -68,13 +68,15 @@
 //!
 //! # Events
 //!
-//! With `AMQP_URL` or `NATS_URL` (and a SQL `DATABASE_URL`), every new payment also writes a
-//! `payment.created` event to the outbox in the charge's transaction, and the process relays
-//! the outbox to the broker (unless `OUTBOX_RELAY=0`), for `cargo run --example receipts`
+//! With one of `AMQP_URL`, `NATS_URL`, `KAFKA_URL`, `SQS_URL` (and a SQL `DATABASE_URL`),
+//! every new payment also writes a `payment.created` event to the outbox in the charge's
+//! transaction, and the process relays the outbox to the broker (unless `OUTBOX_RELAY=0`), for `cargo run --example receipts`
 //! (see `events.rs`).
 //!
 //! ```text
 //! DATABASE_URL=postgres://root@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run --example payments
+//! DATABASE_URL=postgres://root@127.0.0.1/test KAFKA_URL=127.0.0.1:9092 \
 //!     cargo run --example payments
 //! ```
 

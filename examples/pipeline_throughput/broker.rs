@@ -6,8 +6,17 @@ use std::time::Duration;
 use tower_idempotency::{
     broker::{
         amqp::{self, AmqpPublisher, AmqpSubscriber, AmqpTopology},
+        kafka::{
+            rdkafka::{
+                admin::{AdminClient, AdminOptions},
+                client::DefaultClientContext,
+                config::ClientConfig,
+            },
+            KafkaPublisher, KafkaSubscriber, KafkaTopology,
+        },
         nats::{self, NatsPublisher, NatsSubscriber, NatsTopology},
-        BrokerError, OutgoingMessage, Publisher,
+        sqs::{aws_sdk_sqs::Client as SqsClient, SqsPublisher, SqsSubscriber, SqsTopology},
+        BrokerError, OutgoingMessage, Publisher, DEFAULT_CALL_TIMEOUT,
     },
     outbox::NewEvent,
 };
@@ -20,20 +29,28 @@ pub const TOPIC: &str = "bench.event";
 pub enum Broker {
     Amqp(String),
     Nats(String),
+    /// Bootstrap servers.
+    Kafka(String),
+    /// A client for the endpoint (`pipeline/sqs.rs`).
+    Sqs(SqsClient),
 }
 
-/// The names one measurement declares on a broker (a queue or a stream of its own).
+/// The names one measurement declares on a broker (a queue, a stream or a topic of its own).
 pub enum Topology {
     Amqp(String, AmqpTopology),
     Nats(String, NatsTopology, String),
+    Kafka(String, KafkaTopology),
+    Sqs(SqsClient, SqsTopology),
 }
 
 impl Broker {
-    /// `amqp` or `nats`, for the report.
+    /// `amqp`, `nats`, `kafka` or `sqs`, for the report.
     pub fn label(&self) -> &'static str {
         match self {
             Broker::Amqp(_) => "amqp",
             Broker::Nats(_) => "nats",
+            Broker::Kafka(_) => "kafka",
+            Broker::Sqs(_) => "sqs",
         }
     }
 
@@ -54,6 +71,16 @@ impl Broker {
                 topology.ack_wait = Duration::from_secs(120);
                 Topology::Nats(url.clone(), topology, format!("bench_{name}.event"))
             }
+            Broker::Kafka(brokers) => Topology::Kafka(
+                brokers.clone(),
+                KafkaTopology::new(format!("bench_{name}"), format!("bench_{name}")),
+            ),
+            Broker::Sqs(client) => {
+                let mut topology = SqsTopology::new(format!("bench_{name}"));
+                // No redelivery of a message that waits while the clock runs.
+                topology.visibility_timeout = Duration::from_secs(120);
+                Topology::Sqs(client.clone(), topology)
+            }
         }
     }
 }
@@ -70,6 +97,14 @@ impl Topology {
                         .await?
                         .route(move |_| subject.clone()),
                 )
+            }
+            Topology::Kafka(brokers, topology) => {
+                topology.declare(brokers).await?;
+                Box::new(KafkaPublisher::connect(brokers, &topology.topic)?)
+            }
+            Topology::Sqs(client, topology) => {
+                let queues = topology.declare(client).await?;
+                Box::new(SqsPublisher::new(client.clone(), queues.queue_url))
             }
         })
     }
@@ -106,7 +141,7 @@ impl Topology {
             Topology::Amqp(url, topology) => {
                 Some(AmqpSubscriber::connect(url, topology, prefetch).await)
             }
-            Topology::Nats(..) => None,
+            _ => None,
         }
     }
 
@@ -119,7 +154,34 @@ impl Topology {
             Topology::Nats(url, topology, _) => {
                 Some(NatsSubscriber::connect(url, topology, batch).await)
             }
-            Topology::Amqp(..) => None,
+            _ => None,
+        }
+    }
+
+    /// The Kafka group member, if this is Kafka (the group reads the topic from its start).
+    pub async fn kafka_subscriber(&self) -> Option<Result<KafkaSubscriber, BrokerError>> {
+        match self {
+            Topology::Kafka(brokers, topology) => {
+                let mut config = ClientConfig::new();
+                config.set("bootstrap.servers", brokers);
+                Some(KafkaSubscriber::from_config(config, topology))
+            }
+            _ => None,
+        }
+    }
+
+    /// The SQS subscriber, if this is SQS: `batch` messages per receive (at most 10).
+    pub async fn sqs_subscriber(&self, batch: u16) -> Option<Result<SqsSubscriber, BrokerError>> {
+        match self {
+            Topology::Sqs(client, topology) => Some(
+                async {
+                    let queues = topology.declare(client).await?;
+                    let subscriber = SqsSubscriber::connect(client.clone(), &queues).await?;
+                    Ok(subscriber.batch(u8::try_from(batch).unwrap_or(u8::MAX)))
+                }
+                .await,
+            ),
+            _ => None,
         }
     }
 
@@ -146,6 +208,28 @@ impl Topology {
             Topology::Nats(url, topology, _) => {
                 if let Ok(js) = nats::connect(url).await {
                     let _ = js.delete_stream(&topology.stream).await;
+                }
+            }
+            Topology::Kafka(brokers, topology) => {
+                let Ok(admin) = ClientConfig::new()
+                    .set("bootstrap.servers", brokers)
+                    .create::<AdminClient<DefaultClientContext>>()
+                else {
+                    return;
+                };
+                let dead_letter = topology.dead_letter_topic();
+                let options = AdminOptions::new().operation_timeout(Some(DEFAULT_CALL_TIMEOUT));
+                let _ = admin
+                    .delete_topics(&[topology.topic.as_str(), dead_letter.as_str()], &options)
+                    .await;
+            }
+            Topology::Sqs(client, topology) => {
+                for name in [topology.queue.clone(), topology.dead_letter_queue()] {
+                    if let Ok(found) = client.get_queue_url().queue_name(name).send().await {
+                        if let Some(url) = found.queue_url {
+                            let _ = client.delete_queue().queue_url(url).send().await;
+                        }
+                    }
                 }
             }
         }

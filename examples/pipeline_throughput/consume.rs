@@ -143,8 +143,12 @@ async fn one_arm(
         } else if let Some(subscriber) = topology.nats_subscriber(usize::from(setup.prefetch)).await
         {
             go.drive(subscriber?).await
+        } else if let Some(subscriber) = topology.kafka_subscriber().await {
+            go.drive(subscriber?).await
+        } else if let Some(subscriber) = topology.sqs_subscriber(setup.prefetch).await {
+            go.drive(subscriber?).await
         } else {
-            unreachable!("a topology is AMQP or NATS")
+            unreachable!("a topology is AMQP, NATS, Kafka or SQS")
         }
     }
     .await;
@@ -163,21 +167,23 @@ struct Go {
 
 impl Go {
     /// Takes `messages` deliveries, at most `concurrency` in flight (the shape of
-    /// `Consumer::run_until`), and returns the seconds until the last one was acked.
+    /// `Consumer::run_until`), and returns the seconds from the first delivery until the last
+    /// one was settled (a Kafka member joins its group on its first poll: not counted).
     async fn drive<S: Subscriber>(self, mut subscriber: S) -> Result<f64, BoxError> {
-        let start = Instant::now();
+        let mut start = None;
         let mut running = JoinSet::new();
         for _ in 0..self.messages {
             while running.len() >= self.concurrency.max(1) {
                 settled(running.join_next().await)?;
             }
             let delivery = subscriber.next().await?;
+            start.get_or_insert_with(Instant::now);
             running.spawn(self.process(delivery));
         }
         while !running.is_empty() {
             settled(running.join_next().await)?;
         }
-        let seconds = start.elapsed().as_secs_f64();
+        let seconds = start.map_or(0.0, |start| start.elapsed().as_secs_f64());
         subscriber.close().await;
         Ok(seconds)
     }

@@ -1,12 +1,16 @@
 //! `pipeline_throughput`: what the outbox relay and the inbox cost, on real PostgreSQL,
-//! RabbitMQ and NATS JetStream (`scripts/bench.d/pipeline.sh` runs it and writes the table).
+//! RabbitMQ, NATS JetStream, Kafka and SQS (`scripts/bench.d/pipeline.sh` runs it and writes
+//! the table).
 //!
 //! ```text
 //! DATABASE_URL=postgres://root@127.0.0.1/test AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f \
-//!     NATS_URL=nats://127.0.0.1:4222 cargo run --release --example pipeline_throughput
+//!     NATS_URL=nats://127.0.0.1:4222 KAFKA_URL=127.0.0.1:9092 SQS_URL=http://127.0.0.1:5000 \
+//!     cargo run --release --example pipeline_throughput
 //! ```
 //!
-//! For each broker set (`AMQP_URL`, `NATS_URL`, at least one):
+//! For each broker set (`AMQP_URL`, `NATS_URL`, `KAFKA_URL`, `SQS_URL` with the region and
+//! credentials of `pipeline/sqs.rs`; at least one; unlike the other examples, several at
+//! once):
 //! - relay throughput: `BENCH_PIPELINE_EVENTS` outbox rows (default 20000) committed
 //!   `BENCH_PIPELINE_BATCH` per transaction (default 100) by 4 producers while a relay
 //!   publishes them; events/s from the first commit to the last row marked sent;
@@ -51,15 +55,21 @@ async fn run() -> Result<(), BoxError> {
     let messages: usize = number("BENCH_PIPELINE_MESSAGES", 5_000)?;
     let rounds: usize = number("BENCH_PIPELINE_ROUNDS", 2)?;
     let prefetch: u16 = number("BENCH_PIPELINE_PREFETCH", 8)?;
+    let sqs = match var("SQS_URL") {
+        Some(url) => Some(Broker::Sqs(pipeline::sqs::client(&url)?)),
+        None => None,
+    };
     let brokers: Vec<Broker> = [
         var("AMQP_URL").map(Broker::Amqp),
         var("NATS_URL").map(Broker::Nats),
+        var("KAFKA_URL").map(Broker::Kafka),
+        sqs,
     ]
     .into_iter()
     .flatten()
     .collect();
     if brokers.is_empty() {
-        return Err("set AMQP_URL and/or NATS_URL".into());
+        return Err("set one or more of AMQP_URL, NATS_URL, KAFKA_URL, SQS_URL".into());
     }
     // Enough connections for the consumer's concurrency and the 4 producers plus the relay.
     let pool = sqlx::postgres::PgPoolOptions::new()

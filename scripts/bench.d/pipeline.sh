@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Message pipeline (issue 10): outbox relay throughput and inbox consumer throughput, measured
-# by examples/pipeline_throughput against real PostgreSQL, RabbitMQ and NATS JetStream.
+# by examples/pipeline_throughput against real PostgreSQL, RabbitMQ, NATS JetStream, Kafka
+# (tansu) and SQS (moto), in one run.
 # Sourced by scripts/bench (its helpers: say, calc, goal, $WORK, $PG_URL, $BIN).
 #
 # Environment (optional): BENCH_PIPELINE_EVENTS (relay rows, default 20000),
@@ -46,9 +47,10 @@ pipeline_field() {
 bench_pipeline() {
   say "message pipeline: building examples/pipeline_throughput"
   cargo build --release --quiet --example pipeline_throughput
-  say "message pipeline: relay and consumer throughput on RabbitMQ and NATS JetStream"
+  say "message pipeline: relay and consumer throughput on RabbitMQ, NATS JetStream, Kafka and SQS"
   # Four rounds of each consumer arm by default: one round of a few seconds moves by 0.1.
   DATABASE_URL=$PG_URL AMQP_URL=$TEST_AMQP_URL NATS_URL=$TEST_NATS_URL \
+    KAFKA_URL=$TEST_KAFKA_URL SQS_URL=$TEST_SQS_URL \
     BENCH_PIPELINE_ROUNDS=${BENCH_PIPELINE_ROUNDS:-4} \
     "$BIN/pipeline_throughput" >"$WORK/pipeline.out"
   sed 's/^/    /' "$WORK/pipeline.out" >&2
@@ -65,25 +67,28 @@ bench_pipeline() {
   echo "## Message pipeline (outbox relay, inbox consumer)"
   echo
   echo "Relay: $events outbox rows committed $batch per transaction by 4 producers while one relay"
-  echo "(woken by LISTEN/NOTIFY) publishes them with publisher confirms / JetStream publish acks"
-  echo "and marks them sent; events/s from the first commit to the last row marked sent."
+  echo "(woken by LISTEN/NOTIFY) publishes them with publisher confirms / JetStream publish acks /"
+  echo "Kafka delivery reports (idempotent producer, acks=all) / SendMessageBatch answers, and marks"
+  echo "them sent; events/s from the first commit to the last row marked sent. Kafka is tansu, SQS"
+  echo "is moto (a Python server): their figures measure those local servers as much as the library."
   echo
   echo "| broker | producers done | last row sent | relay events/s |"
   echo "|---|---:|---:|---:|"
   local broker
-  for broker in amqp nats; do
+  for broker in amqp nats kafka sqs; do
     echo "| $broker | $(pipeline_field relay $broker produced_s) s | $(pipeline_field relay $broker relayed_s) s | $(pipeline_field relay $broker rate) |"
   done
   echo
   echo "Consumer: $messages pre-published messages per run, handler = one INSERT in a PostgreSQL"
   echo "transaction, then commit and ack; prefetch and concurrency $prefetch; $rounds alternating"
-  echo "rounds of each arm, each on a fresh queue / stream. *inbox* adds the dedup claim"
+  echo "rounds of each arm, each on a fresh queue / stream / topic, timed from the first delivery"
+  echo "(a Kafka member joins its group first). *inbox* adds the dedup claim"
   echo "(\`inbox::Consumer::process\`) in the same transaction. Goal: inbox >= 0.8x without."
   echo
   echo "| broker | without inbox, msg/s | with inbox, msg/s | ratio | goal >= 0.80 |"
   echo "|---|---:|---:|---:|---|"
   local ratio
-  for broker in amqp nats; do
+  for broker in amqp nats kafka sqs; do
     ratio=$(pipeline_field consumer $broker ratio)
     echo "| $broker | $(pipeline_field consumer $broker plain_rate) | $(pipeline_field consumer $broker inbox_rate) | ${ratio}x | $(goal "$ratio" 0.8) |"
   done

@@ -18,6 +18,7 @@
 //! | cause | what happens | cost |
 //! |---|---|---|
 //! | Kafka rebalance (a member joins, leaves or dies) | the partition's new owner reads again from the committed offset: messages settled but not yet committed, and those still in flight on the old owner | one more delivery each, answered "duplicate" (or "busy", then "duplicate", while the old owner's transaction runs); no loss, no second effect |
+//! | Kafka handler slower than `max.poll.interval.ms` (a consumer whose concurrency is full polls no more) | the client leaves the group; its partitions go to another member, which reads from the committed offset while the handler still works | the held message: one more delivery, answered "busy" until the first commit, then "duplicate"; no second effect, and the group's offsets still end at the end of each partition |
 //! | Kafka member killed mid-transaction | its transaction rolls back, its offsets past the last settled prefix were never stored | the group's session timeout, then one redelivery |
 //! | SQS visibility timeout shorter than the handler, heartbeat off | a second consumer receives the message while the first works; its claim waits ("busy") for the first to commit | one more delivery, answered "duplicate"; the receive count rises |
 //! | the same, heartbeat on (the default) | the visibility is extended every third of the timeout while the delivery is held | nothing: no second delivery |
@@ -102,9 +103,11 @@
 //! and silenced, a `nats-server` SIGKILLed and restarted, once on an empty store),
 //! `tests/broker_misconfigured.rs` (a deleted consumer, refused topologies),
 //! `tests/inbox_outage.rs` (PostgreSQL cut for 10 s under load), the pipeline fault
-//! harness `tests/pipeline_faults.rs` (payments, relays and consumers as processes), the same
-//! processes across a PostgreSQL primary failover (`tests/pipeline_failover.rs`) and two
-//! consumers on two Galera nodes (`tests/inbox_galera.rs`).
+//! harness `tests/pipeline_faults.rs` (payments, relays and consumers as processes; on Kafka
+//! and SQS: kills, and on SQS a proxy that cuts every connection), the same processes across
+//! a PostgreSQL primary failover (`tests/pipeline_failover.rs`) and two consumers on two
+//! Galera nodes (`tests/inbox_galera.rs`). `tests/pipeline_process.rs` kills relays and
+//! consumers on all four brokers.
 //!
 //! Ordering: one relay publishes in insertion order, so events of one aggregate written by
 //! serialized transactions reach the broker in order; several relays, retries and several
@@ -117,7 +120,10 @@
 //! pgbench (the repository's BENCHMARKS.md, "Message pipeline"): the row is the cost, and
 //! a handler that does more pays a smaller share of it.
 //!
-//! The whole pipeline runs as processes. The `payments` example is the producer: with `AMQP_URL` or `NATS_URL` (and a SQL `DATABASE_URL`) every new payment also
+//! The whole pipeline runs as processes. The `payments` example is the producer: with one of
+//! `AMQP_URL`, `NATS_URL`, `KAFKA_URL` (bootstrap servers) or `SQS_URL` (the endpoint; region
+//! and credentials from the usual `AWS_*` variables, `test` / `test` on a loopback endpoint)
+//! and a SQL `DATABASE_URL`, every new payment also
 //! writes a `payment.created` event to the outbox in the transaction of its charge (in the
 //! transactional mode, the transaction that also stores the response), and the process relays
 //! the outbox itself unless `OUTBOX_RELAY=0`:
@@ -131,6 +137,8 @@
 //!     cargo run --example receipts          # or NATS_URL=nats://127.0.0.1:4222 for all three
 //! ```
 //!
+//! (or `KAFKA_URL=127.0.0.1:9092`, or `SQS_URL=http://127.0.0.1:5000`, for all three).
+//!
 //! `tests/payments_pipeline.rs` SIGKILLs and restarts the payments process, a relay and two
 //! consumers while clients create 40 payments (each key sent twice, half of them concurrently,
 //! retried until a 201), on RabbitMQ and on NATS: one payment, one charge, one event and one
@@ -139,7 +147,8 @@
 //!
 //! All three take `PIPELINE_NAMESPACE` (a suffix for every broker name, so tests sharing a broker stay
 //! apart); `receipts` takes `RECEIPTS_DELAY_MS`, `RECEIPTS_CONCURRENCY`, `RECEIPTS_ACK_WAIT_MS`,
-//! `INBOX_RETENTION_SECS`; `outbox_relay` takes `OUTBOX_POLL_MS` (so does the relay in
+//! `INBOX_RETENTION_SECS`, `RECEIPTS_VISIBILITY_SECS` (SQS), `KAFKA_SESSION_TIMEOUT_MS`,
+//! `KAFKA_COMMIT_INTERVAL_MS`, `KAFKA_PARTITIONS`; `outbox_relay` takes `OUTBOX_POLL_MS` (so does the relay in
 //! `payments`) and `OUTBOX_CONFIRM_DELAY_MS`
 //! (its crash window, for tests). MySQL / MariaDB relays take rows with `SKIP LOCKED` and poll;
 //! SQLite relays take turns (`BEGIN IMMEDIATE`, one writer) and poll.

@@ -37,6 +37,37 @@ impl TestTopic {
         Some(Self { brokers, topology })
     }
 
+    /// The names the pipeline examples use in namespace `ns` (topic `payments<ns>`, group
+    /// `receipts<ns>`), not declared: the first example process to start declares them.
+    pub fn for_namespace(brokers: String, ns: &str, partitions: i32) -> Self {
+        let mut topology = KafkaTopology::new(format!("payments{ns}"), format!("receipts{ns}"));
+        topology.partitions = partitions;
+        Self { brokers, topology }
+    }
+
+    /// Deletes the topic and its dead-letter topic; errors are ignored (nothing depends on
+    /// it).
+    pub async fn clean_up(&self) {
+        use tower_idempotency::broker::kafka::rdkafka::{
+            admin::{AdminClient, AdminOptions},
+            client::DefaultClientContext,
+        };
+        let Ok(admin) = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create::<AdminClient<DefaultClientContext>>()
+        else {
+            return;
+        };
+        let dead_letter = self.topology.dead_letter_topic();
+        let topics = [self.topology.topic.as_str(), dead_letter.as_str()];
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let _ = tokio::time::timeout(
+            Duration::from_secs(15),
+            admin.delete_topics(&topics, &options),
+        )
+        .await;
+    }
+
     /// Client settings for members of the test's group: a dead member is noticed within
     /// `session` (heartbeats every tenth of it), stored offsets are committed every 100 ms.
     pub fn member_config(&self, session: Duration) -> ClientConfig {

@@ -56,24 +56,7 @@ impl TestQueues {
 
     /// Messages in `queue_url`, visible or in flight.
     pub async fn count(&self, queue_url: &str) -> u64 {
-        let attributes = self
-            .client
-            .get_queue_attributes()
-            .queue_url(queue_url)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
-            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
-            .send()
-            .await
-            .expect("queue attributes")
-            .attributes
-            .unwrap_or_default();
-        [
-            QueueAttributeName::ApproximateNumberOfMessages,
-            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
-        ]
-        .iter()
-        .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
-        .sum()
+        queue_count(&self.client, queue_url).await
     }
 
     /// Deletes both queues.
@@ -82,4 +65,25 @@ impl TestQueues {
             let _ = self.client.delete_queue().queue_url(url).send().await;
         }
     }
+}
+
+/// Messages in `queue_url`, visible or in flight.
+pub async fn queue_count(client: &Client, queue_url: &str) -> u64 {
+    let attributes = client
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .expect("queue attributes")
+        .attributes
+        .unwrap_or_default();
+    [
+        QueueAttributeName::ApproximateNumberOfMessages,
+        QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+    ]
+    .iter()
+    .filter_map(|name| attributes.get(name)?.parse::<u64>().ok())
+    .sum()
 }

@@ -1,9 +1,12 @@
 //! What the outbox, inbox and pipeline tests share: a fresh PostgreSQL schema, a broker
 //! topology with a random namespace (the example's names plus a suffix, so tests sharing the
-//! machine's RabbitMQ and NATS stay apart), a producer that commits payment + outbox rows
+//! machine's RabbitMQ, NATS, Kafka and SQS stay apart), a producer that commits payment + outbox rows
 //! through the library, and a receipts handler like the example's.
 #![allow(dead_code)]
 
+// Kafka and SQS test helpers, shared with the tests of those brokers.
+#[path = "../brokers/mod.rs"]
+pub mod brokers;
 pub mod clients;
 pub mod inbox_copies;
 
@@ -19,7 +22,11 @@ use sqlx::{MySqlPool, PgConnection, PgPool, Postgres};
 use tower_idempotency::{
     broker::{
         amqp::{lapin, AmqpPublisher, AmqpSubscriber, AmqpTopology},
+        kafka::KafkaPublisher,
         nats::{self, NatsPublisher, NatsSubscriber, NatsTopology},
+        sqs::{
+            aws_sdk_sqs::Client as SqsClient, SqsPublisher, SqsQueues, SqsSubscriber, SqsTopology,
+        },
         Delivery, Publisher, Subscriber,
     },
     inbox::{Consumer, Handler, HandlerError, Message, Outcome, PgInbox},
@@ -50,7 +57,25 @@ pub enum TestBroker {
         topology: NatsTopology,
         subject: String,
     },
+    Kafka {
+        ns: String,
+        topic: brokers::kafka::TestTopic,
+    },
+    Sqs {
+        url: String,
+        ns: String,
+        client: SqsClient,
+        topology: SqsTopology,
+    },
 }
+
+/// How soon a Kafka group notices a member that died (the examples'
+/// `KAFKA_SESSION_TIMEOUT_MS`): short, since process tests SIGKILL members and every rebalance
+/// waits for the dead one.
+pub const KAFKA_SESSION: Duration = Duration::from_secs(6);
+
+/// Partitions of a process test's Kafka topic: enough for every consumer to get work.
+const KAFKA_PARTITIONS: i32 = 4;
 
 impl TestBroker {
     /// RabbitMQ at `TEST_AMQP_URL` (skips when unset, unless every backend is required).
@@ -80,11 +105,43 @@ impl TestBroker {
         })
     }
 
+    /// Kafka (tansu) at `TEST_KAFKA_URL`. Its topics are declared by the first example
+    /// process or test helper that needs them.
+    pub fn kafka() -> Option<Self> {
+        let url = url_or_skip("TEST_KAFKA_URL")?;
+        let ns = format!("_t{}", unique());
+        let topic = brokers::kafka::TestTopic::for_namespace(url, &ns, KAFKA_PARTITIONS);
+        Some(Self::Kafka { ns, topic })
+    }
+
+    /// SQS (moto) at `TEST_SQS_URL`, a standard queue with the visibility timeout
+    /// `visibility` (whole seconds); declared by whoever needs it first.
+    pub fn sqs(visibility: Duration) -> Option<Self> {
+        let url = url_or_skip("TEST_SQS_URL")?;
+        let ns = format!("_t{}", unique());
+        let mut topology = SqsTopology::new(format!("receipts{ns}"));
+        topology.visibility_timeout = visibility;
+        let client = brokers::sqs::client(&url);
+        Some(Self::Sqs {
+            url,
+            ns,
+            client,
+            topology,
+        })
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Self::Amqp { .. } => "amqp",
             Self::Nats { .. } => "nats",
+            Self::Kafka { .. } => "kafka",
+            Self::Sqs { .. } => "sqs",
         }
+    }
+
+    /// SQS: declares the queues (idempotent) and returns their URLs.
+    async fn sqs_queues(client: &SqsClient, topology: &SqsTopology) -> SqsQueues {
+        reached("TEST_SQS_URL", topology.declare(client).await)
     }
 
     /// The examples' environment for this broker and namespace.
@@ -100,6 +157,34 @@ impl TestBroker {
                     (
                         "RECEIPTS_ACK_WAIT_MS".into(),
                         topology.ack_wait.as_millis().to_string(),
+                    ),
+                ]
+            }
+            Self::Kafka { ns, topic } => {
+                return vec![
+                    ("KAFKA_URL".into(), topic.brokers.clone()),
+                    ("PIPELINE_NAMESPACE".into(), ns.clone()),
+                    (
+                        "KAFKA_PARTITIONS".into(),
+                        topic.topology.partitions.to_string(),
+                    ),
+                    (
+                        "KAFKA_SESSION_TIMEOUT_MS".into(),
+                        KAFKA_SESSION.as_millis().to_string(),
+                    ),
+                    // Settled offsets committed soon: a killed member leaves little to redo.
+                    ("KAFKA_COMMIT_INTERVAL_MS".into(), "200".into()),
+                ];
+            }
+            Self::Sqs {
+                url, ns, topology, ..
+            } => {
+                return vec![
+                    ("SQS_URL".into(), url.clone()),
+                    ("PIPELINE_NAMESPACE".into(), ns.clone()),
+                    (
+                        "RECEIPTS_VISIBILITY_SECS".into(),
+                        topology.visibility_timeout.as_secs().to_string(),
                     ),
                 ]
             }
@@ -127,6 +212,22 @@ impl TestBroker {
                     reached("TEST_NATS_URL", NatsPublisher::connect(url, topology).await)
                         .route(move |_| subject.clone()),
                 )
+            }
+            Self::Kafka { topic, .. } => {
+                reached(
+                    "TEST_KAFKA_URL",
+                    topic.topology.declare(&topic.brokers).await,
+                );
+                Box::new(reached(
+                    "TEST_KAFKA_URL",
+                    KafkaPublisher::connect(&topic.brokers, &topic.topology.topic),
+                ))
+            }
+            Self::Sqs {
+                client, topology, ..
+            } => {
+                let queues = Self::sqs_queues(client, topology).await;
+                Box::new(SqsPublisher::new(client.clone(), queues.queue_url))
             }
         }
     }
@@ -164,40 +265,63 @@ impl TestBroker {
                 );
                 consume_from(subscriber, consumer, quiet).await
             }
+            Self::Kafka { topic, .. } => {
+                reached(
+                    "TEST_KAFKA_URL",
+                    topic.topology.declare(&topic.brokers).await,
+                );
+                consume_from(topic.subscriber(KAFKA_SESSION), consumer, quiet).await
+            }
+            Self::Sqs {
+                client, topology, ..
+            } => {
+                let subscriber = self.sqs_subscriber(client, topology).await;
+                consume_from(subscriber, consumer, quiet).await
+            }
         }
+    }
+
+    async fn sqs_subscriber(&self, client: &SqsClient, topology: &SqsTopology) -> SqsSubscriber {
+        let queues = Self::sqs_queues(client, topology).await;
+        reached(
+            "TEST_SQS_URL",
+            SqsSubscriber::connect(client.clone(), &queues).await,
+        )
+        .wait(Duration::from_secs(1))
     }
 
     async fn each_delivery(
         &self,
         quiet: Duration,
-        mut seen: impl FnMut((Option<String>, Vec<u8>)) -> bool,
+        seen: impl FnMut((Option<String>, Vec<u8>)) -> bool,
     ) {
         match self {
             Self::Amqp { url, topology, .. } => {
-                let mut subscriber = reached(
+                let subscriber = reached(
                     "TEST_AMQP_URL",
                     AmqpSubscriber::connect(url, topology, 64).await,
                 );
-                while let Ok(Ok(d)) = tokio::time::timeout(quiet, subscriber.next()).await {
-                    let keep = seen((d.message_id().map(str::to_owned), d.payload().to_vec()));
-                    d.ack().await.expect("ack");
-                    if !keep {
-                        break;
-                    }
-                }
+                each_from(subscriber, quiet, seen).await;
             }
             Self::Nats { url, topology, .. } => {
-                let mut subscriber = reached(
+                let subscriber = reached(
                     "TEST_NATS_URL",
                     NatsSubscriber::connect(url, topology, 64).await,
                 );
-                while let Ok(Ok(d)) = tokio::time::timeout(quiet, subscriber.next()).await {
-                    let keep = seen((d.message_id().map(str::to_owned), d.payload().to_vec()));
-                    d.ack().await.expect("ack");
-                    if !keep {
-                        break;
-                    }
-                }
+                each_from(subscriber, quiet, seen).await;
+            }
+            Self::Kafka { topic, .. } => {
+                reached(
+                    "TEST_KAFKA_URL",
+                    topic.topology.declare(&topic.brokers).await,
+                );
+                each_from(topic.subscriber(KAFKA_SESSION), quiet, seen).await;
+            }
+            Self::Sqs {
+                client, topology, ..
+            } => {
+                let subscriber = self.sqs_subscriber(client, topology).await;
+                each_from(subscriber, quiet, seen).await;
             }
         }
     }
@@ -232,6 +356,34 @@ impl TestBroker {
                     let _ = js.delete_stream(&topology.stream).await;
                 }
             }
+            Self::Kafka { topic, .. } => topic.clean_up().await,
+            Self::Sqs {
+                client, topology, ..
+            } => {
+                for name in [topology.queue.clone(), topology.dead_letter_queue()] {
+                    let Ok(found) = client.get_queue_url().queue_name(name).send().await else {
+                        continue;
+                    };
+                    if let Some(queue_url) = found.queue_url {
+                        let _ = client.delete_queue().queue_url(queue_url).send().await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Acks every delivery of `subscriber` until none came for `quiet` or `seen` says stop.
+async fn each_from<S: Subscriber>(
+    mut subscriber: S,
+    quiet: Duration,
+    mut seen: impl FnMut((Option<String>, Vec<u8>)) -> bool,
+) {
+    while let Ok(Ok(d)) = tokio::time::timeout(quiet, subscriber.next()).await {
+        let keep = seen((d.message_id().map(str::to_owned), d.payload().to_vec()));
+        d.ack().await.expect("ack");
+        if !keep {
+            break;
         }
     }
 }
@@ -426,11 +578,62 @@ impl TestBroker {
                     .await
                     .unwrap();
             }
+            Self::Kafka { topic, .. } => {
+                use tower_idempotency::broker::kafka::{
+                    rdkafka::{
+                        message::{Header, OwnedHeaders},
+                        producer::{FutureProducer, FutureRecord},
+                    },
+                    ID_HEADER,
+                };
+                reached(
+                    "TEST_KAFKA_URL",
+                    topic.topology.declare(&topic.brokers).await,
+                );
+                let producer: FutureProducer = topic.member_config(KAFKA_SESSION).create().unwrap();
+                let mut headers = OwnedHeaders::new();
+                if let Some(id) = id {
+                    headers = headers.insert(Header {
+                        key: ID_HEADER,
+                        value: Some(id),
+                    });
+                }
+                let record = FutureRecord::<(), [u8]>::to(&topic.topology.topic)
+                    .payload(body)
+                    .headers(headers);
+                producer
+                    .send(record, Duration::from_secs(10))
+                    .await
+                    .map_err(|(e, _)| e)
+                    .unwrap();
+            }
+            Self::Sqs {
+                client, topology, ..
+            } => {
+                use tower_idempotency::broker::sqs::{
+                    aws_sdk_sqs::types::MessageAttributeValue, ID_ATTRIBUTE,
+                };
+                let queues = Self::sqs_queues(client, topology).await;
+                let mut request = client
+                    .send_message()
+                    .queue_url(queues.queue_url)
+                    .message_body(String::from_utf8_lossy(body));
+                if let Some(id) = id {
+                    let value = MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(id)
+                        .build()
+                        .unwrap();
+                    request = request.message_attributes(ID_ATTRIBUTE, value);
+                }
+                request.send().await.unwrap();
+            }
         }
     }
 
-    /// RabbitMQ: how many messages wait in the dead-letter queue. NATS: how many messages
-    /// the durable consumer still has pending or unacknowledged (a termed one has neither).
+    /// RabbitMQ, Kafka, SQS: how many messages wait in the dead-letter queue (topic). NATS:
+    /// how many messages the durable consumer still has pending or unacknowledged (a termed
+    /// one has neither).
     pub async fn leftovers(&self) -> u64 {
         match self {
             Self::Amqp { url, topology, .. } => {
@@ -457,6 +660,19 @@ impl TestBroker {
                     .unwrap();
                 let info = consumer.info().await.unwrap();
                 info.num_pending + info.num_ack_pending as u64
+            }
+            Self::Kafka { topic, .. } => {
+                let topic = topic.clone();
+                let dead_letters = topic.topology.dead_letter_topic();
+                // The reader polls until the topic is quiet: off the runtime's thread.
+                let read = tokio::task::spawn_blocking(move || topic.read_all(&dead_letters, 1));
+                read.await.unwrap().1.len() as u64
+            }
+            Self::Sqs {
+                client, topology, ..
+            } => {
+                let queues = Self::sqs_queues(client, topology).await;
+                brokers::sqs::queue_count(client, &queues.dead_letter_url).await
             }
         }
     }

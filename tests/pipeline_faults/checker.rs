@@ -147,8 +147,8 @@ pub async fn check(
     }
     let logged = fleet.logged(Role::Receipts, DEAD_LETTERED);
     let queued = match broker {
-        TestBroker::Amqp { .. } => usize::try_from(broker.leftovers().await).unwrap_or(0),
         TestBroker::Nats { .. } => 0,
+        _ => usize::try_from(broker.leftovers().await).unwrap_or(0),
     };
     let paid: HashSet<String> = ledger.payments().await.into_iter().collect();
     Report {

@@ -1,7 +1,7 @@
 //! What stands between the processes and their infrastructure, so the test can take it away
 //! without touching the machine's shared servers: the broker (a TCP proxy of the test's own in
-//! front of RabbitMQ, or a `nats-server -js` of the test's own) and the consumers' database (a
-//! TCP proxy in front of PostgreSQL).
+//! front of RabbitMQ or SQS, or a `nats-server -js` of the test's own; Kafka directly) and the
+//! consumers' database (a TCP proxy in front of PostgreSQL).
 
 use std::time::Duration;
 
@@ -11,8 +11,12 @@ use crate::{nats_server::PrivateNats, proxy::Proxy};
 
 /// The broker as the processes reach it.
 pub enum BrokerLink {
-    /// RabbitMQ behind a proxy: an outage cuts every connection and turns new ones away.
-    Amqp { proxy: Proxy, url: String },
+    /// RabbitMQ or SQS behind a proxy: an outage cuts every connection and turns new ones
+    /// away.
+    Proxied { proxy: Proxy, url: String },
+    /// The broker itself, which the test cannot take away: a Kafka client reaches the
+    /// brokers the cluster advertises, past any proxy in front of the bootstrap address.
+    Direct { url: String },
     /// A NATS server of the test's own: an outage is a SIGKILL, a restart on the same port and
     /// store directory after the outage.
     Nats {
@@ -22,12 +26,12 @@ pub enum BrokerLink {
 }
 
 impl BrokerLink {
-    /// A proxy in front of the RabbitMQ at `url`.
-    pub async fn amqp(url: &str) -> Self {
+    /// A proxy in front of the broker at `url` (RabbitMQ, or an SQS endpoint).
+    pub async fn proxied(url: &str) -> Self {
         let (host, port) = host_port(url);
         let proxy = Proxy::start(&host, port).await;
         let url = with_authority(url, &proxy.addr().to_string());
-        Self::Amqp { proxy, url }
+        Self::Proxied { proxy, url }
     }
 
     /// A NATS server of the test's own; `None` (a skip) when none can be started.
@@ -43,14 +47,17 @@ impl BrokerLink {
     /// The URL the processes are given.
     pub fn url(&self) -> &str {
         match self {
-            Self::Amqp { url, .. } | Self::Nats { url, .. } => url,
+            Self::Proxied { url, .. } | Self::Nats { url, .. } | Self::Direct { url } => url,
         }
     }
 
     /// Takes the broker away for `outage`, then brings it back.
     pub async fn outage(&self, outage: Duration) {
         match self {
-            Self::Amqp { proxy, .. } => {
+            Self::Direct { url } => {
+                panic!("no outage of the broker at {url}: it is reached directly")
+            }
+            Self::Proxied { proxy, .. } => {
                 proxy.cut();
                 tokio::time::sleep(outage).await;
                 proxy.restore();

@@ -20,7 +20,7 @@ pub fn env(broker: &TestBroker, broker_url: &str, database_url: &str) -> Vec<(St
         .env()
         .into_iter()
         .map(|(var, value)| match var.as_str() {
-            "AMQP_URL" | "NATS_URL" => (var, broker_url.to_owned()),
+            "AMQP_URL" | "NATS_URL" | "KAFKA_URL" | "SQS_URL" => (var, broker_url.to_owned()),
             _ => (var, value),
         })
         .collect();
