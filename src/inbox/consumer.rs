@@ -72,11 +72,12 @@ pub struct ConsumerConfig {
     /// The waits between two tries while the database cannot be reached (default 100 ms,
     /// doubling up to 5 s, jittered).
     pub outage_backoff: Backoff,
-    /// First pause after a [`Busy`](InboxClaim::Busy) claim; it doubles up to 1 s
-    /// (default 50 ms), and no pause lasts past `busy_patience`.
+    /// First pause after a [`Busy`](InboxClaim::Busy) claim, or after a transaction the
+    /// database rolled back by itself (a lost race); it doubles up to 1 s (default 50 ms),
+    /// and no pause lasts past `busy_patience`.
     pub busy_pause: Duration,
-    /// How long a busy copy keeps looking before it gives the message back to the broker
-    /// (default 60 s).
+    /// How long a busy copy, or one that keeps losing races, keeps looking before it gives
+    /// the message back to the broker, uncounted (default 60 s).
     pub busy_patience: Duration,
     /// How long message ids are kept (default 7 days).
     pub retention: Duration,
