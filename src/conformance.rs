@@ -90,6 +90,8 @@
 //! # }
 //! ```
 
+pub mod journal;
+
 use std::{
     collections::HashSet,
     sync::Arc,

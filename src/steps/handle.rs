@@ -120,6 +120,11 @@ impl<J: Journal> Steps<J> {
             })
     }
 
+    /// The journaled output of `step` as stored, if an attempt finished it.
+    pub(crate) fn raw(&self, step: &str) -> Option<Bytes> {
+        self.done_map().get(step).cloned()
+    }
+
     pub(crate) fn remember(&self, step: &str, output: Bytes) {
         self.done_map().insert(step.to_owned(), output);
     }

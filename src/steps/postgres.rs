@@ -76,6 +76,16 @@ impl Dialect for Postgres {
     SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
 ) AND expires_at <= now()"
             )),
+            orphans: statement(format!(
+                "SELECT j.scope, j.key, j.fingerprint, j.output FROM {t} j
+    WHERE j.step = $1 AND j.expires_at > now()
+    AND NOT EXISTS (SELECT 1 FROM {r} r
+        WHERE r.scope = j.scope AND r.key = j.key AND r.expires_at > now())
+    AND NOT EXISTS (SELECT 1 FROM {t} f
+        WHERE f.scope = j.scope AND f.key = j.key AND f.step = $2
+        AND f.fingerprint = j.fingerprint AND f.expires_at > now())
+    LIMIT $3"
+            )),
             table,
         }
     }

@@ -62,6 +62,16 @@ impl Dialect for Sqlite {
                 "DELETE FROM {t} WHERE rowid IN (
     SELECT rowid FROM {t} WHERE expires_at <= {NOW_MS} LIMIT ?1)"
             )),
+            orphans: statement(format!(
+                "SELECT j.scope, j.\"key\", j.fingerprint, j.output FROM {t} j
+    WHERE j.step = ?1 AND j.expires_at > {NOW_MS}
+    AND NOT EXISTS (SELECT 1 FROM {r} r
+        WHERE r.scope = j.scope AND r.\"key\" = j.\"key\" AND r.expires_at > {NOW_MS})
+    AND NOT EXISTS (SELECT 1 FROM {t} f
+        WHERE f.scope = j.scope AND f.\"key\" = j.\"key\" AND f.step = ?2
+        AND f.fingerprint = j.fingerprint AND f.expires_at > {NOW_MS})
+    LIMIT ?3"
+            )),
             table,
         }
     }
