@@ -50,7 +50,8 @@ type Operation<J> =
 /// });
 /// let _task = completer.clone().spawn(std::time::Duration::from_secs(5));
 /// let key = StoreKey::new("alice", "order-7");
-/// completer.run(key, Fingerprint::of([b"12".as_slice()]), "pay", Bytes::from("12")).await?;
+/// let outcome = completer.run(key, Fingerprint::of([b"12".as_slice()]), "pay", Bytes::from("12")).await;
+/// let answer = outcome.map_err(|e| e.to_string())?;
 /// # Ok(()) }
 /// ```
 pub struct Completer<J> {
