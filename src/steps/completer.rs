@@ -32,7 +32,13 @@ type Operation<J> =
 ///
 /// An operation that fails by itself (its code returns an error) is not an orphan: the
 /// completer leaves it to the client's retry. Orphans are found through
-/// [`Journal::orphans`]: on the SQL and memory journals, not on Redis.
+/// [`Journal::orphans`]: on the SQL and memory journals, not on Redis. A pass reads the live
+/// `@operation` entries of the journal (through an index on the step), those of finished
+/// operations too until they expire: run passes seconds apart, not in a tight loop.
+///
+/// Only operations run through [`Completer::run`] can be completed: the completer needs
+/// their code (registered by name) and their input (journaled). A handler behind the HTTP
+/// layer that uses [`Steps::resume`] directly resumes on the client's retry only.
 ///
 /// ```no_run
 /// use bytes::Bytes;
@@ -171,10 +177,7 @@ impl<J: Journal + Clone> Completer<J> {
 
     /// Runs [`complete_orphans`](Self::complete_orphans) (100 at a time) every `every`, on a
     /// task of the current tokio runtime, until the handle is aborted or dropped with it.
-    pub fn spawn(self, every: Duration) -> tokio::task::JoinHandle<()>
-    where
-        J: Clone,
-    {
+    pub fn spawn(self, every: Duration) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
                 if let Err(error) = self.complete_orphans(100).await {

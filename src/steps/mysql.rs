@@ -58,7 +58,8 @@ impl Dialect for MySql {
     output      LONGBLOB        NOT NULL,
     expires_at  DATETIME(3)     NOT NULL,
     PRIMARY KEY (scope, `key`, step),
-    INDEX idx_expires_at (expires_at)
+    INDEX idx_expires_at (expires_at),
+    INDEX idx_step (step, expires_at)
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC"
             )],
             fence: statement(format!(

@@ -36,6 +36,8 @@ impl Dialect for Postgres {
     fn statements(table: TableName, records: &TableName) -> Statements {
         let (t, r) = (table.as_str(), records.as_str());
         let index = table.derived("expires_at_idx");
+        // The completer's search starts from one step's entries (`orphans`).
+        let step_index = table.derived("step_idx");
         Statements {
             schema: vec![
                 format!(
@@ -50,6 +52,7 @@ impl Dialect for Postgres {
 )"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"),
+                format!("CREATE INDEX IF NOT EXISTS {step_index} ON {t} (step, expires_at)"),
             ],
             // FOR SHARE: a takeover (the claim's `ON CONFLICT DO UPDATE` takes the row's
             // lock) waits until this transaction ends, and one that committed first is

@@ -27,6 +27,8 @@ impl Dialect for Sqlite {
     fn statements(table: TableName, records: &TableName) -> Statements {
         let (t, r) = (table.as_str(), records.as_str());
         let index = table.derived("expires_at_idx");
+        // The completer's search starts from one step's entries (`orphans`).
+        let step_index = table.derived("step_idx");
         Statements {
             schema: vec![
                 format!(
@@ -41,6 +43,7 @@ impl Dialect for Sqlite {
 )"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"),
+                format!("CREATE INDEX IF NOT EXISTS {step_index} ON {t} (step, expires_at)"),
             ],
             fence: statement(format!(
                 "SELECT 1 FROM {r}
