@@ -31,7 +31,7 @@ use tower_idempotency::{
     engine::{Begin, Execution, RunError},
     steps::{
         Completer, Journal, KeyOwner, MySqlJournal, PostgresJournal, SqliteJournal, StepError,
-        Steps,
+        Steps, UnknownOperation,
     },
     store::{MySqlStore, PostgresStore, SqliteStore, Store},
     Engine, Fingerprint, StoreKey,
@@ -541,11 +541,14 @@ journal_tests!(postgres, postgres, sqlx::Postgres);
 journal_tests!(mysql, mysql, sqlx::MySql);
 journal_tests!(sqlite, sqlite, sqlx::Sqlite);
 
-/// The completer on the memory journal (foreign calls only) finishes an orphan, and leaves
-/// alone an operation that failed by itself (its client's retry decides).
+/// The completer on the memory journal (foreign calls only) finishes an orphan, leaves alone
+/// an operation that failed by itself (its client's retry decides), and refuses an operation
+/// no one registered without leaving an orphan behind.
 ///
 /// mutant: the completer does not mark a failed operation (no `@failed` entry) -> fails with
-/// "the completer left the failed operation alone" (left: 2).
+/// "the completer left the failed operation alone" (left: 2). mutant: `@operation` journaled
+/// before the name is looked up -> fails with "assertion failed: journal.entries(&unknown,
+/// &fingerprint).await.unwrap().is_empty()".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_completer() {
     use tower_idempotency::{steps::MemoryJournal, store::MemoryStore};
@@ -556,8 +559,9 @@ async fn memory_completer() {
 
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
-    let completer =
-        Completer::new(Engine::new(store), journal).operation("decline", move |steps, _| {
+    let completer = Completer::new(Engine::new(store), journal.clone()).operation(
+        "decline",
+        move |steps, _| {
             counted.fetch_add(1, Ordering::SeqCst);
             async move {
                 steps
@@ -568,7 +572,8 @@ async fn memory_completer() {
                     .map(Bytes::from)
                     .map_err(|e| e.to_string())
             }
-        });
+        },
+    );
     let key = StoreKey::new("alice", unique());
     let declined = completer
         .run(
@@ -588,6 +593,24 @@ async fn memory_completer() {
         1,
         "the completer left the failed operation alone"
     );
+
+    // An operation no one registered is refused before anything is journaled.
+    let (unknown, fingerprint) = (
+        StoreKey::new("alice", unique()),
+        Fingerprint::of([b"y".as_slice()]),
+    );
+    let refused = completer
+        .run(unknown.clone(), fingerprint, "refund", Bytes::new())
+        .await;
+    assert!(
+        matches!(&refused, Err(RunError::Operation(e)) if e.is::<UnknownOperation>()),
+        "{refused:?}"
+    );
+    assert!(journal
+        .entries(&unknown, &fingerprint)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// The memory journal passes the journal contract.

@@ -203,28 +203,35 @@ impl<J: Journal + Clone> Completer<J> {
                 return Err(RunError::Engine(self.engine.unavailable(&key, source)));
             }
         };
-        let (name, input) = match steps.raw(STARTED) {
-            Some(entry) => decode(&entry),
-            None => {
-                // `complete_orphans` only takes keys with the entry: `start` is then `Some`.
-                let (name, input) = start.unwrap_or_default();
-                let entry = encode(name, &input);
-                if let Err(source) = self
-                    .journal
-                    .append(steps.owner(), STARTED, entry.clone())
-                    .await
-                {
-                    let _ = claim.release().await;
-                    return Err(RunError::Engine(self.engine.unavailable(&key, source)));
-                }
-                steps.remember(STARTED, entry);
-                (name.to_owned(), input)
+        let journaled = steps.raw(STARTED);
+        let (name, input) = match (&journaled, start) {
+            (Some(entry), _) => decode(entry),
+            (None, Some((name, input))) => (name.to_owned(), input),
+            // Its entry expired between the completer's search and its claim.
+            (None, None) => {
+                let _ = claim.release().await;
+                return Err(RunError::Operation(
+                    "the operation's journal expired before the completer took its key".into(),
+                ));
             }
         };
+        // Checked before the entry is written: an unknown name must leave no orphan behind.
         let Some(operation) = self.operations.get(&name) else {
             let _ = claim.release().await;
             return Err(RunError::Operation(Box::new(UnknownOperation { name })));
         };
+        if journaled.is_none() {
+            let entry = encode(&name, &input);
+            if let Err(source) = self
+                .journal
+                .append(steps.owner(), STARTED, entry.clone())
+                .await
+            {
+                let _ = claim.release().await;
+                return Err(RunError::Engine(self.engine.unavailable(&key, source)));
+            }
+            steps.remember(STARTED, entry);
+        }
         let result = claim.run(operation(steps.clone(), input)).await;
         if result.is_err() {
             // Failed by itself: not the completer's to retry.
