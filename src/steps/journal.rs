@@ -11,7 +11,7 @@ use crate::{
 
 /// A journal of finished steps, beside a [`Store`](crate::store::Store)'s records.
 ///
-/// The contract, which the conformance checks in `tests/steps.rs` hold every journal to:
+/// The contract, which `conformance::journal` (feature `conformance`) holds every journal to:
 ///
 /// 1. **`append` is fenced by the claim's token**, like `Store::complete`: it records the
 ///    entry only while the key's record is in progress under exactly `owner`'s token, and
