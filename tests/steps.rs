@@ -34,7 +34,7 @@ use tower_idempotency::{
         Steps, UnknownOperation,
     },
     store::{MySqlStore, PostgresStore, SqliteStore, Store},
-    Engine, Fingerprint, StoreKey,
+    Engine, Fingerprint, Record, StoreKey,
 };
 
 fn unique() -> String {
@@ -173,11 +173,25 @@ async fn sqlite() -> Option<Fixture<SqliteJournal>> {
     Some(on_pool(pool, Arc::new(store), journal, tables, expire).await)
 }
 
+/// How the owner of the completer tests dies.
+#[derive(Clone, Copy, Debug)]
+enum Death {
+    /// Its future is dropped on the runtime: the claim's drop releases the key at once.
+    Dropped,
+    /// Its future is dropped on a thread without a runtime, so nothing of it runs again, as
+    /// in a process killed with SIGKILL: the claim stays until its lease (3 s) runs out.
+    Killed,
+}
+
 /// The completer test on any journal: `local` is the operation's local part (a payment row
 /// where the journal has a database); its foreign step charges, and the first attempt then
-/// hangs until it is dropped.
-async fn completer_finishes_an_orphan<J, L, Fut>(store: Arc<dyn Store>, journal: J, local: L)
-where
+/// hangs until its owner dies as `death` says.
+async fn completer_finishes_an_orphan<J, L, Fut>(
+    store: Arc<dyn Store>,
+    journal: J,
+    local: L,
+    death: Death,
+) where
     J: Journal + Clone,
     L: Fn(Steps<J>, Bytes) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<String, String>> + Send + 'static,
@@ -187,9 +201,14 @@ where
     let signal = charged.clone();
     let (charge_tag, charges) = (tag.clone(), Arc::new(AtomicUsize::new(0)));
     let counted = charges.clone();
-    let completer = Completer::new(Engine::new(store.clone()), journal).operation(
-        "pay",
-        move |steps: Steps<J>, input: Bytes| {
+    // A short lease for the killed owner (a store timeout within the lease's bound).
+    let engine = Engine::builder(store.clone())
+        .lease(Duration::from_secs(3))
+        .store_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let completer =
+        Completer::new(engine, journal).operation("pay", move |steps: Steps<J>, input: Bytes| {
             let local = local(steps.clone(), input);
             let (first, signal, tag) = (first.clone(), signal.clone(), charge_tag.clone());
             let charges = counted.clone();
@@ -208,11 +227,10 @@ where
                 }
                 Ok::<_, String>(Bytes::from(format!("{paid} {charge}")))
             }
-        },
-    );
+        });
     let key = StoreKey::new("alice", unique());
     let fingerprint = Fingerprint::of([b"pay 12".as_slice()]);
-    let owner = tokio::spawn({
+    let mut owner = Box::pin({
         let (completer, key) = (completer.clone(), key.clone());
         async move {
             completer
@@ -220,15 +238,32 @@ where
                 .await
         }
     });
-    charged.notified().await;
-    // The owner dies: its future is dropped mid-operation.
-    owner.abort();
-    assert!(owner.await.unwrap_err().is_cancelled());
+    tokio::select! {
+        done = &mut owner => panic!("the first attempt hangs after its charge: {done:?}"),
+        () = charged.notified() => {}
+    }
+    match death {
+        Death::Dropped => drop(owner),
+        Death::Killed => {
+            std::thread::spawn(move || drop(owner)).join().unwrap();
+            assert!(
+                matches!(
+                    store.lookup(&key).await.unwrap(),
+                    Some(Record::InProgress { .. })
+                ),
+                "the killed owner's claim stays until its lease runs out"
+            );
+        }
+    }
 
-    // Its claim's release runs on a task of its own: poll until the completer finds it.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // The release runs on a task of its own, the lease runs out in 3 s: poll until the
+    // completer finds the orphan.
+    let deadline = Instant::now() + Duration::from_secs(20);
     while completer.complete_orphans(10).await.unwrap() == 0 {
-        assert!(Instant::now() < deadline, "the completer found no orphan");
+        assert!(
+            Instant::now() < deadline,
+            "the completer found no orphan ({death:?})"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let retry = completer
@@ -310,7 +345,9 @@ macro_rules! journal_tests {
             /// charge, one payment.
             ///
             /// mutant: `Steps::journaled` always `None` (the completer ignores the journal)
-            /// -> fails with "one charge" (left: 2).
+            /// -> fails with "one charge" (left: 2). mutant: PostgreSQL's `orphans` without
+            /// `r.expires_at > now()` (an expired claim counts as alive) -> fails with "the
+            /// completer found no orphan (Killed)".
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_completer_finishes_an_orphan() {
                 let Some(fx) = $open().await else { return };
@@ -323,8 +360,16 @@ macro_rules! journal_tests {
                         Ok::<_, String>(format!("{id} {input:?}"))
                     }
                 };
-                completer_finishes_an_orphan(fx.store.clone(), fx.journal.clone(), pay).await;
-                assert_eq!((fx.count)().await, 1, "one local effect");
+                for death in [Death::Dropped, Death::Killed] {
+                    completer_finishes_an_orphan(
+                        fx.store.clone(),
+                        fx.journal.clone(),
+                        pay.clone(),
+                        death,
+                    )
+                    .await;
+                }
+                assert_eq!((fx.count)().await, 2, "one local effect per operation");
             }
 
             /// An operation that fails after its two steps finished resumes after them: the
@@ -555,7 +600,15 @@ async fn memory_completer() {
     let store = MemoryStore::new();
     let journal = MemoryJournal::for_store(&store);
     let nothing_local = |_, _| async { Ok::<_, String>(String::new()) };
-    completer_finishes_an_orphan(Arc::new(store.clone()), journal.clone(), nothing_local).await;
+    for death in [Death::Dropped, Death::Killed] {
+        completer_finishes_an_orphan(
+            Arc::new(store.clone()),
+            journal.clone(),
+            nothing_local,
+            death,
+        )
+        .await;
+    }
 
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
