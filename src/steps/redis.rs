@@ -22,6 +22,10 @@ use crate::{
 /// fields), so a key's entries expire together; Redis deletes them itself, and
 /// [`Journal::purge_expired`] has nothing to do.
 ///
+/// An entry is not waited on by replicas (the store's `wait_for_replicas` covers claims): a
+/// failover that loses one makes the next attempt call that step again, with the same
+/// derived key, as after a crash between the call and its entry.
+///
 /// ```no_run
 /// use tower_idempotency::{steps::RedisJournal, store::RedisStore};
 ///
