@@ -176,7 +176,9 @@ impl<J: Journal + Clone> Completer<J> {
     }
 
     /// Runs [`complete_orphans`](Self::complete_orphans) (100 at a time) every `every`, on a
-    /// task of the current tokio runtime, until the handle is aborted or dropped with it.
+    /// task of the current tokio runtime, until the returned handle is aborted (dropping it
+    /// does not stop the task) or the runtime shuts down. A failing pass is logged and the
+    /// next one tries again.
     pub fn spawn(self, every: Duration) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
