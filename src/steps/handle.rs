@@ -16,7 +16,8 @@ use crate::store::StoreError;
 /// running, unfinished ones run and are journaled under the claim. Cheap to clone.
 ///
 /// Step names identify steps across retries: give each step of an operation its own fixed
-/// name, and run the same steps in the same order on every attempt.
+/// name, and run the same steps in the same order on every attempt. Names starting with `@`
+/// are the [`Completer`](super::Completer)'s.
 pub struct Steps<J> {
     inner: Arc<Inner<J>>,
 }
