@@ -4,10 +4,12 @@
 //! insert and the journal entry), per store, a new key per iteration.
 //!
 //! ```text
-//! TEST_POSTGRES_URL=postgres://root@127.0.0.1/test cargo bench --bench steps
+//! TEST_POSTGRES_URL=postgres://root@127.0.0.1/test TEST_MYSQL_URL=mysql://root@127.0.0.1/test \
+//!     TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench steps
 //! ```
 //!
-//! SQLite and memory always run; PostgreSQL is skipped with a note when its URL is unset.
+//! SQLite and memory always run; PostgreSQL, MySQL / MariaDB and Redis are skipped with a note
+//! when their URL is unset.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -16,8 +18,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use futures_util::future::BoxFuture;
 use tokio::runtime::Runtime;
 use tower_idempotency::{
-    steps::{Journal, MemoryJournal, PostgresJournal, SqlJournal, SqliteJournal, Steps},
-    store::{MemoryStore, PostgresStore, SqliteStore},
+    steps::{
+        Journal, MemoryJournal, MySqlJournal, PostgresJournal, RedisJournal, SqlJournal,
+        SqliteJournal, Steps,
+    },
+    store::{MemoryStore, MySqlStore, PostgresStore, RedisStore, SqliteStore},
     Engine, Fingerprint, StoreKey,
 };
 
@@ -140,16 +145,20 @@ macro_rules! local_insert {
 }
 
 local_insert!(sqlx::Postgres);
+local_insert!(sqlx::MySql);
 local_insert!(sqlx::Sqlite);
 
+/// The server URL in `var`, or `None` with a note.
+fn url(var: &str) -> Option<String> {
+    let url = std::env::var(var).ok().filter(|u| !u.is_empty());
+    if url.is_none() {
+        eprintln!("skipped: {var} is not set");
+    }
+    url
+}
+
 async fn open_postgres() -> Option<(PostgresStore, PostgresJournal, sqlx::PgPool)> {
-    let Some(url) = std::env::var("TEST_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        eprintln!("skipped: TEST_POSTGRES_URL is not set");
-        return None;
-    };
+    let url = url("TEST_POSTGRES_URL")?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect(&url)
@@ -158,6 +167,20 @@ async fn open_postgres() -> Option<(PostgresStore, PostgresJournal, sqlx::PgPool
     let store = PostgresStore::new(pool.clone());
     store.migrate().await.expect("migrate");
     let journal = PostgresJournal::for_store(&store);
+    journal.migrate().await.expect("migrate the journal");
+    Some((store, journal, pool))
+}
+
+async fn open_mysql() -> Option<(MySqlStore, MySqlJournal, sqlx::MySqlPool)> {
+    let url = url("TEST_MYSQL_URL")?;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .expect("TEST_MYSQL_URL is set but MySQL is unreachable");
+    let store = MySqlStore::new(pool.clone());
+    store.migrate().await.expect("migrate");
+    let journal = MySqlJournal::for_store(&store);
     journal.migrate().await.expect("migrate the journal");
     Some((store, journal, pool))
 }
@@ -173,6 +196,7 @@ async fn open_sqlite() -> Option<(SqliteStore, SqliteJournal, sqlx::SqlitePool)>
 }
 
 sql_bench!(postgres, "steps postgres", sqlx::Postgres, open_postgres());
+sql_bench!(mysql, "steps mysql", sqlx::MySql, open_mysql());
 sql_bench!(sqlite, "steps sqlite", sqlx::Sqlite, open_sqlite());
 
 fn memory(c: &mut Criterion, rt: &Runtime) {
@@ -186,11 +210,28 @@ fn memory(c: &mut Criterion, rt: &Runtime) {
     plain_and_foreign(c, rt, "steps memory", &engine, &journal);
 }
 
+fn redis(c: &mut Criterion, rt: &Runtime) {
+    let Some(url) = url("TEST_REDIS_URL") else {
+        return;
+    };
+    let store = rt
+        .block_on(
+            RedisStore::builder()
+                .prefix(format!("bench-steps-{:x}:", rand::random::<u32>()))
+                .open(&url),
+        )
+        .expect("TEST_REDIS_URL is set but Redis is unreachable");
+    let journal = RedisJournal::for_store(&store).expect("the prefix has no stray brace");
+    plain_and_foreign(c, rt, "steps redis", &Engine::new(store), &journal);
+}
+
 fn benches(c: &mut Criterion) {
     let rt = Runtime::new().expect("a tokio runtime");
     memory(c, &rt);
+    redis(c, &rt);
     sqlite(c, &rt);
     postgres(c, &rt);
+    mysql(c, &rt);
 }
 
 criterion_group! {

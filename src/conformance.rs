@@ -8,6 +8,8 @@
 //! Every check works under a fresh random scope ([`fresh_scope`]), so checks may run at once
 //! against one database and never see each other's records.
 //!
+//! The checks of a step journal (`steps::Journal`) beside a store are in [`journal`].
+//!
 //! ```
 //! # #[cfg(feature = "memory")]
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -89,6 +91,8 @@
 //! # example::run();
 //! # }
 //! ```
+
+pub mod journal;
 
 use std::{
     collections::HashSet,

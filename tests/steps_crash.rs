@@ -3,7 +3,7 @@
 //! charges) in three steps. Its owner is killed at every step boundary and the same request
 //! retried on a fresh process: exactly one processor charge, one local payment, `paid`, and
 //! the same answer for every retry. The same kill without steps shows the separate mode's
-//! documented double, so the test can fail.
+//! documented double, so the test can fail. On PostgreSQL, MariaDB and SQLite.
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 #[macro_use]
@@ -119,8 +119,8 @@ async fn without_steps_charges_twice(shared: Shared) {
 }
 
 // mutant: journaled steps are ignored (`Steps::journaled` always `None`) ->
-// postgres_killed_after_its_journal_entry fails with "payments" 2 (the retry recorded a second
-// payment). mutant: the derived key takes a random field (not stable across attempts) ->
+// postgres_killed_after_its_journal_entry (and mysql_killed_after_its_journal_entry) fails
+// with "payments" 2 (the retry recorded a second payment). mutant: the derived key takes a random field (not stable across attempts) ->
 // postgres_killed_after_the_charge fails with "processor charges" 2. The `without_steps`
 // tests are the unprotected baseline: the same kill charges twice.
 crash_tests! {
@@ -133,6 +133,16 @@ crash_tests! {
     postgres_killed_after_the_local_phase: Shared::postgres().await =>
         |s| owner_killed(s, "after-local");
     postgres_without_steps_charges_twice: Shared::postgres().await =>
+        without_steps_charges_twice;
+    mysql_killed_before_the_charge: Shared::mysql().await =>
+        |s| owner_killed(s, "before-charge");
+    mysql_killed_after_the_charge: Shared::mysql().await =>
+        |s| owner_killed(s, "after-charge");
+    mysql_killed_after_its_journal_entry: Shared::mysql().await =>
+        |s| owner_killed(s, "after-journal");
+    mysql_killed_after_the_local_phase: Shared::mysql().await =>
+        |s| owner_killed(s, "after-local");
+    mysql_without_steps_charges_twice: Shared::mysql().await =>
         without_steps_charges_twice;
     sqlite_killed_before_the_charge: Some(Shared::sqlite()) =>
         |s| owner_killed(s, "before-charge");

@@ -384,3 +384,13 @@ async fn unacknowledged_claim_is_withdrawn_with_a_typed_error() {
     let exists: bool = raw().await.exists(store.redis_key(&key)).await.unwrap();
     assert!(!exists);
 }
+
+/// The step journal (`RedisJournal`) passes the journal contract beside this store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_journal_conformance() {
+    let Some(store) = open_store().await else {
+        return;
+    };
+    let journal = tower_idempotency::steps::RedisJournal::for_store(&store).unwrap();
+    conformance::journal::run_all(Arc::new(store), journal).await;
+}

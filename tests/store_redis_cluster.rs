@@ -47,6 +47,28 @@ async fn open() -> Option<conformance::DynStore> {
     Some(Arc::new(open_store(false).await?))
 }
 
+/// The step journal passes the journal contract on the cluster, with an untagged prefix (the
+/// journal key wraps the record key in a hash tag) and with a tagged one (it keeps the tag):
+/// its script touches both keys, which a cluster refuses unless they share a slot.
+///
+/// mutant: the journal key is always `<record key>:steps` (no tag) -> fails on the untagged
+/// prefix with `Backend { backend: "redis", source: CrossSlot: Keys in request don't hash to
+/// the same slot }`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_journal_conformance() {
+    let Some(urls) = cluster_urls() else { return };
+    for prefix in [test_prefix().to_owned(), format!("{{{}}}", test_prefix())] {
+        let store = RedisStore::builder()
+            .prefix(prefix)
+            .on_evicting_policy(OnEvictingPolicy::Refuse)
+            .open_cluster(&urls)
+            .await
+            .unwrap();
+        let journal = tower_idempotency::steps::RedisJournal::for_store(&store).unwrap();
+        conformance::journal::run_all(Arc::new(store), journal).await;
+    }
+}
+
 /// A cluster connection is built by asking a live node for the slot map, so a store on a
 /// dead cluster cannot exist: see `open_cluster_fails_typed_on_no_nodes_or_dead_nodes`.
 async fn no_store_on_a_dead_address() -> Option<conformance::DynStore> {

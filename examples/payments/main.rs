@@ -51,7 +51,7 @@
 //! | `OUTBOX_RELAY` | `0`: write outbox events but relay them from another process | `1` |
 //! | `OUTBOX_REFUSAL_ATTEMPTS` / `OUTBOX_REFUSAL_DELAY_MS` | refusals of one outbox row before it is parked / the first wait after a refusal (doubling up to 1 min) | 10 / 1000 |
 //! | `STARTUP_PATIENCE_SECS` | how long the first database and broker connections are tried again before the process gives up | 60 |
-//! | `PROCESSOR_URL` | charge through a card processor (`cargo run --example processor`) in steps with recovery points (`processor.rs`; separate mode, PostgreSQL or SQLite) | unset |
+//! | `PROCESSOR_URL` | charge through a card processor (`cargo run --example processor`) in steps with recovery points (`processor.rs`; separate mode, PostgreSQL, MySQL / MariaDB or SQLite) | unset |
 //! | `PAYMENTS_STEPS` | `off`: call the processor without steps, a fresh key per attempt (the baseline that charges twice after a crash) | on |
 //! | `PAYMENTS_PAUSE_AT` | stop a request for good at a step boundary: `before-charge`, `after-charge`, `after-journal`, `after-local` (crash tests) | unset |
 //! | `PAYMENTS_DELAY_BETWEEN_STEPS_MS` | sleep at every step boundary | 0 |

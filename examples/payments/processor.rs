@@ -33,8 +33,8 @@ use hyper_util::{
 use serde::Deserialize;
 use serde_json::json;
 use tower_idempotency::{
-    steps::{KeyOwner, PostgresJournal, SqliteJournal, StepError, Steps},
-    store::{PostgresStore, SqliteStore},
+    steps::{KeyOwner, MySqlJournal, PostgresJournal, SqliteJournal, StepError, Steps},
+    store::{MySqlStore, PostgresStore, SqliteStore},
 };
 
 use crate::{backends::Error, pipeline::var, problem, sql_payments::SqlPayments};
@@ -58,6 +58,7 @@ pub struct Processor {
 /// The step journal in the payments database.
 enum Journal {
     Postgres(PostgresJournal),
+    MySql(MySqlJournal),
     Sqlite(SqliteJournal),
 }
 
@@ -78,7 +79,7 @@ enum Failed {
 }
 
 impl Processor {
-    /// From `PROCESSOR_URL`, on the payments database (PostgreSQL or SQLite).
+    /// From `PROCESSOR_URL`, on the payments database (PostgreSQL, MySQL / MariaDB or SQLite).
     pub async fn configured(database: Option<&SqlPayments>) -> Result<Option<Arc<Self>>, Error> {
         let Some(url) = var("PROCESSOR_URL") else {
             return Ok(None);
@@ -90,13 +91,23 @@ impl Processor {
                 journal.migrate().await?;
                 Journal::Postgres(journal)
             }
+            Some(SqlPayments::MySql(pool, _)) => {
+                sqlx::query(SCHEMA).execute(pool).await?;
+                let journal = MySqlJournal::for_store(&MySqlStore::new(pool.clone()));
+                journal.migrate().await?;
+                Journal::MySql(journal)
+            }
             Some(SqlPayments::Sqlite(pool, _)) => {
                 sqlx::query(SCHEMA).execute(pool).await?;
                 let journal = SqliteJournal::for_store(&SqliteStore::new(pool.clone()));
                 journal.migrate().await?;
                 Journal::Sqlite(journal)
             }
-            _ => return Err("PROCESSOR_URL needs a postgres:// or sqlite:// DATABASE_URL".into()),
+            _ => {
+                return Err(
+                    "PROCESSOR_URL needs a postgres://, mysql:// or sqlite:// DATABASE_URL".into(),
+                )
+            }
         };
         let between = crate::pipeline::number("PAYMENTS_DELAY_BETWEEN_STEPS_MS", 0)?;
         Ok(Some(Arc::new(Self {
@@ -122,12 +133,20 @@ impl Processor {
                 let steps = resumed(Steps::resume(journal.clone(), owner.clone()).await);
                 self.steps_postgres(steps, headers, amount, currency).await
             }
+            (Journal::MySql(journal), Some(owner)) => {
+                let steps = resumed(Steps::resume(journal.clone(), owner.clone()).await);
+                self.steps_mysql(steps, headers, amount, currency).await
+            }
             (Journal::Sqlite(journal), Some(owner)) => {
                 let steps = resumed(Steps::resume(journal.clone(), owner.clone()).await);
                 self.steps_sqlite(steps, headers, amount, currency).await
             }
             (Journal::Postgres(journal), None) => {
                 self.plain_postgres(journal.pool(), headers, amount, currency)
+                    .await
+            }
+            (Journal::MySql(journal), None) => {
+                self.plain_mysql(journal.pool(), headers, amount, currency)
                     .await
             }
             (Journal::Sqlite(journal), None) => {
@@ -219,7 +238,7 @@ fn paid(id: &str, amount: i64, currency: &str, charge_id: &str) -> Response {
     response
 }
 
-/// The steps, and the same calls without them, written once for both databases (`$1` / `?1`
+/// The steps, and the same calls without them, written once for every database (`$1` / `?1`
 /// are their placeholders).
 macro_rules! flows {
     ($steps:ident, $plain:ident, $db:ty, $insert_payment:literal, $insert_charge:literal, $mark_paid:literal) => {
@@ -327,6 +346,14 @@ flows!(
     steps_sqlite,
     plain_sqlite,
     sqlx::Sqlite,
+    "INSERT INTO payments (id, amount, currency, status, version) VALUES (?, ?, ?, ?, ?)",
+    "INSERT INTO payment_charges (payment_id, charge_id) VALUES (?, ?)",
+    "UPDATE payments SET status = 'paid', version = 2 WHERE id = ?"
+);
+flows!(
+    steps_mysql,
+    plain_mysql,
+    sqlx::MySql,
     "INSERT INTO payments (id, amount, currency, status, version) VALUES (?, ?, ?, ?, ?)",
     "INSERT INTO payment_charges (payment_id, charge_id) VALUES (?, ?)",
     "UPDATE payments SET status = 'paid', version = 2 WHERE id = ?"

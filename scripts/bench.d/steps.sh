@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Recovery points (issue 35): the cost of a step per store, side by side with a plain keyed
-# operation: `cargo bench --bench steps` (criterion, a new key per iteration; PostgreSQL when
-# TEST_POSTGRES_URL is set). Sourced by scripts/bench (its helpers: say, $WORK).
+# operation: `cargo bench --bench steps` (criterion, a new key per iteration; PostgreSQL, MySQL /
+# MariaDB and Redis when TEST_POSTGRES_URL, TEST_MYSQL_URL, TEST_REDIS_URL are set). Sourced by scripts/bench (its helpers: say, $WORK).
 
 bench_steps() {
   local dir=${CARGO_TARGET_DIR:-target}/criterion

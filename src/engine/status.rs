@@ -32,7 +32,7 @@ pub struct ClaimStatus {
     flag: Arc<Flag>,
 }
 
-#[cfg(all(test, shuttle))]
+#[cfg(any(feature = "conformance", all(test, shuttle)))]
 impl ClaimStatus {
     /// A claim held for the next hour, for tests of what runs under a claim.
     pub(crate) fn held() -> Self {

@@ -16,7 +16,8 @@ use crate::store::StoreError;
 /// running, unfinished ones run and are journaled under the claim. Cheap to clone.
 ///
 /// Step names identify steps across retries: give each step of an operation its own fixed
-/// name, and run the same steps in the same order on every attempt.
+/// name, and run the same steps in the same order on every attempt. Names starting with `@`
+/// are the [`Completer`](super::Completer)'s.
 pub struct Steps<J> {
     inner: Arc<Inner<J>>,
 }
@@ -118,6 +119,11 @@ impl<J: Journal> Steps<J> {
                 step: step.to_owned(),
                 source,
             })
+    }
+
+    /// The journaled output of `step` as stored, if an attempt finished it.
+    pub(crate) fn raw(&self, step: &str) -> Option<Bytes> {
+        self.done_map().get(step).cloned()
     }
 
     pub(crate) fn remember(&self, step: &str, output: Bytes) {

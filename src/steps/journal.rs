@@ -11,7 +11,7 @@ use crate::{
 
 /// A journal of finished steps, beside a [`Store`](crate::store::Store)'s records.
 ///
-/// The contract, which the conformance checks in `tests/steps.rs` hold every journal to:
+/// The contract, which `conformance::journal` (feature `conformance`) holds every journal to:
 ///
 /// 1. **`append` is fenced by the claim's token**, like `Store::complete`: it records the
 ///    entry only while the key's record is in progress under exactly `owner`'s token, and
@@ -38,4 +38,34 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Deletes up to `batch` expired entries; returns how many it deleted.
     async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError>;
+
+    /// Up to `limit` live entries of step `started` whose key holds neither a live claim nor
+    /// a live record, and which have no live entry of step `failed` for the same fingerprint:
+    /// operations whose owner died before it answered, for a
+    /// [`Completer`](super::Completer) to finish.
+    ///
+    /// The default refuses with [`StoreError::Config`]: a journal that cannot find its keys
+    /// without scanning the whole keyspace (Redis) has no completer.
+    async fn orphans(
+        &self,
+        started: &str,
+        failed: &str,
+        limit: u32,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let _ = (started, failed, limit);
+        Err(StoreError::Config(
+            "this journal cannot list the operations whose owner died; run a completer on a SQL or memory journal".to_owned(),
+        ))
+    }
+}
+
+/// An operation whose owner died, as [`Journal::orphans`] finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Orphan {
+    /// The operation's key.
+    pub key: StoreKey,
+    /// The fingerprint of the request that started it.
+    pub fingerprint: Fingerprint,
+    /// The output of its `started` entry.
+    pub output: Bytes,
 }

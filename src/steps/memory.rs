@@ -5,10 +5,10 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{Journal, KeyOwner};
+use super::{Journal, KeyOwner, Orphan};
 use crate::{
     record::{Fingerprint, StoreKey},
-    store::{MemoryStore, StoreError},
+    store::{MemoryStore, Store, StoreError},
     sync::Mutex,
 };
 
@@ -96,6 +96,42 @@ impl Journal for MemoryJournal {
             !steps.is_empty()
         });
         Ok(purged)
+    }
+
+    async fn orphans(
+        &self,
+        started: &str,
+        failed: &str,
+        limit: u32,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let now = self.store.clock();
+        let live = |e: &&Entry| e.expires_at > now;
+        let candidates: Vec<Orphan> = self
+            .entries_map()
+            .iter()
+            .filter_map(|(key, steps)| {
+                let start = steps.get(started).filter(live)?;
+                let gave_up = steps
+                    .get(failed)
+                    .filter(live)
+                    .is_some_and(|f| f.fingerprint == start.fingerprint);
+                (!gave_up).then(|| Orphan {
+                    key: key.clone(),
+                    fingerprint: start.fingerprint,
+                    output: start.output.clone(),
+                })
+            })
+            .collect();
+        let mut orphans = Vec::new();
+        for orphan in candidates {
+            if orphans.len() == usize::try_from(limit).unwrap_or(usize::MAX) {
+                break;
+            }
+            if self.store.lookup(&orphan.key).await?.is_none() {
+                orphans.push(orphan);
+            }
+        }
+        Ok(orphans)
     }
 }
 

@@ -49,6 +49,37 @@
 //! Behind the HTTP layer a handler finds the [`KeyOwner`] of its request in the request's
 //! extensions and calls [`Steps::resume`] with it (`examples/payments/processor.rs`).
 //!
+//! # Journals
+//!
+//! | store | journal | steps |
+//! |---|---|---|
+//! | PostgreSQL | `PostgresJournal` (fence: `SELECT .. FOR SHARE` on the claim) | local phases and foreign calls |
+//! | MySQL / MariaDB | `MySqlJournal` (fence: `SELECT .. LOCK IN SHARE MODE`) | local phases and foreign calls |
+//! | SQLite | `SqliteJournal` (fence: `BEGIN IMMEDIATE`) | local phases and foreign calls |
+//! | memory | `MemoryJournal` (under the key's lock) | foreign calls |
+//! | Redis, one server or a cluster | `RedisJournal` (one Lua script, in the record's slot) | foreign calls |
+//!
+//! Each is behind its store's feature. `conformance::journal` (feature `conformance`) holds
+//! a journal to the [`Journal`] contract; every journal here passes it.
+//!
+//! # Finishing without the client: the completer
+//!
+//! Opt in with a [`Completer`]: operations registered with it by name and run through
+//! [`Completer::run`] journal their name and input first, so that when their owner dies the
+//! completer's background task finds them ([`Journal::orphans`]: SQL and memory journals),
+//! takes their key through the normal claim, resumes at the last recovery point and stores
+//! the final response for the client's retry to replay.
+//!
+//! # Consumers
+//!
+//! [`Engine::run_steps`](crate::Engine::run_steps) is `run_once` with steps, for message
+//! consumers too. The transactional mode's `Transactional::run_once` has no steps, by
+//! design: its claim is an uncommitted row of the operation's one transaction, so nothing
+//! can be journaled under it that would outlive a crash (the crash rolls the claim back with
+//! everything else). A consumer whose effects are all in its database needs no steps there;
+//! one that also calls elsewhere uses `run_steps` with the SQL journal, whose local phases
+//! each commit their writes atomically, as the transactional mode does for the whole.
+//!
 //! # Which mode
 //!
 //! | the operation's effects | use |
@@ -56,6 +87,7 @@
 //! | all in the store's database | the transactional mode: claim, writes and response commit together |
 //! | in other systems too (a card processor, a mail service) | steps, in the separate mode |
 //! | one call elsewhere, nothing local | the separate mode, with the key passed downstream |
+//! | several calls elsewhere, nothing local (memory, Redis) | steps with foreign calls only |
 //!
 //! # What is guaranteed
 //!
@@ -83,29 +115,39 @@
 //! it outside the step. Generate such values INSIDE a step (its output is journaled, so every
 //! later attempt sees the same value), and give each step a fixed name and a fixed order.
 
+mod completer;
 mod error;
 mod handle;
 mod journal;
 #[cfg(feature = "memory")]
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod owner;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 mod run;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use completer::{Completer, UnknownOperation};
 pub use error::StepError;
 pub use handle::Steps;
-pub use journal::Journal;
+pub use journal::{Journal, Orphan};
 #[cfg(feature = "memory")]
 pub use memory::MemoryJournal;
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlJournal;
 pub use owner::KeyOwner;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresJournal;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(feature = "redis")]
+pub use redis::RedisJournal;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use sql::{JournalDatabase, SqlJournal, DEFAULT_TABLE};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteJournal;

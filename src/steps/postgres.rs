@@ -36,6 +36,8 @@ impl Dialect for Postgres {
     fn statements(table: TableName, records: &TableName) -> Statements {
         let (t, r) = (table.as_str(), records.as_str());
         let index = table.derived("expires_at_idx");
+        // The completer's search starts from one step's entries (`orphans`).
+        let step_index = table.derived("step_idx");
         Statements {
             schema: vec![
                 format!(
@@ -50,6 +52,7 @@ impl Dialect for Postgres {
 )"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"),
+                format!("CREATE INDEX IF NOT EXISTS {step_index} ON {t} (step, expires_at)"),
             ],
             // FOR SHARE: a takeover (the claim's `ON CONFLICT DO UPDATE` takes the row's
             // lock) waits until this transaction ends, and one that committed first is
@@ -75,6 +78,16 @@ impl Dialect for Postgres {
                 "DELETE FROM {t} WHERE ctid IN (
     SELECT ctid FROM {t} WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
 ) AND expires_at <= now()"
+            )),
+            orphans: statement(format!(
+                "SELECT j.scope, j.key, j.fingerprint, j.output FROM {t} j
+    WHERE j.step = $1 AND j.expires_at > now()
+    AND NOT EXISTS (SELECT 1 FROM {r} r
+        WHERE r.scope = j.scope AND r.key = j.key AND r.expires_at > now())
+    AND NOT EXISTS (SELECT 1 FROM {t} f
+        WHERE f.scope = j.scope AND f.key = j.key AND f.step = $2
+        AND f.fingerprint = j.fingerprint AND f.expires_at > now())
+    LIMIT $3"
             )),
             table,
         }

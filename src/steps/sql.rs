@@ -1,5 +1,5 @@
 //! The one SQL journal: [`SqlJournal`] runs statements each database renders once (its own
-//! file: `postgres.rs`, `sqlite.rs`), and the local phase of [`Steps`].
+//! file: `postgres.rs`, `mysql.rs`, `sqlite.rs`), and the local phase of [`Steps`].
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 use serde::{de::DeserializeOwned, Serialize};
 use sqlx::{Executor, IntoArguments, Pool, Row, SqlStr};
 
-use super::{handle::encode, Journal, KeyOwner, StepError, Steps};
+use super::{handle::encode, Journal, KeyOwner, Orphan, StepError, Steps};
 use crate::{
     record::{Fingerprint, StoreKey},
     sql::{self, InvalidIdentifier, TableName},
@@ -20,12 +20,12 @@ use crate::{
 pub const DEFAULT_TABLE: &str = "tower_idempotency_steps";
 
 /// A journal of steps in a table of the database that holds the store's records; use it by
-/// its names [`PostgresJournal`](super::PostgresJournal) and
-/// [`SqliteJournal`](super::SqliteJournal). Clones share the pool.
+/// its names `PostgresJournal`, `MySqlJournal` and `SqliteJournal` (each behind its feature).
+/// Clones share the pool.
 ///
 /// An entry is appended in a transaction that first reads the key's record under the claim's
-/// token and locks it (PostgreSQL `FOR SHARE`; SQLite takes the database's one write lock with
-/// `BEGIN IMMEDIATE`): a takeover of the key waits for the entry's commit, or the entry is
+/// token and locks it (PostgreSQL `FOR SHARE`; MySQL / MariaDB `LOCK IN SHARE MODE`; SQLite
+/// takes the database's one write lock with `BEGIN IMMEDIATE`): a takeover of the key waits for the entry's commit, or the entry is
 /// refused. A local phase's writes go in that same transaction.
 ///
 /// That lock also holds back the claim's own lease renewals until the phase commits: keep a
@@ -86,6 +86,9 @@ pub struct Statements {
     pub(crate) entries: SqlStr,
     /// Binds the batch size.
     pub(crate) purge: SqlStr,
+    /// Binds the started step, the failed step, the limit; returns scope, key, fingerprint,
+    /// output (see [`Journal::orphans`]).
+    pub(crate) orphans: SqlStr,
 }
 
 impl<DB: JournalDatabase> Clone for SqlJournal<DB> {
@@ -261,6 +264,33 @@ where
             .await
             .map_err(backend::<DB>)?;
         Ok(DB::rows_affected(&done))
+    }
+
+    async fn orphans(
+        &self,
+        started: &str,
+        failed: &str,
+        limit: u32,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let rows = sqlx::query(self.sql.orphans.clone())
+            .bind(started.to_owned())
+            .bind(failed.to_owned())
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend::<DB>)?;
+        rows.iter()
+            .map(|row| {
+                let get_text = |i: usize| row.try_get::<String, _>(i).map_err(backend::<DB>);
+                let fingerprint: Vec<u8> = row.try_get(2usize).map_err(backend::<DB>)?;
+                let output: Vec<u8> = row.try_get(3usize).map_err(backend::<DB>)?;
+                Ok(Orphan {
+                    key: StoreKey::new(get_text(0)?, get_text(1)?),
+                    fingerprint: sql::decode_fingerprint(DB::BACKEND, &fingerprint)?,
+                    output: Bytes::from(output),
+                })
+            })
+            .collect()
     }
 }
 

@@ -27,6 +27,8 @@ impl Dialect for Sqlite {
     fn statements(table: TableName, records: &TableName) -> Statements {
         let (t, r) = (table.as_str(), records.as_str());
         let index = table.derived("expires_at_idx");
+        // The completer's search starts from one step's entries (`orphans`).
+        let step_index = table.derived("step_idx");
         Statements {
             schema: vec![
                 format!(
@@ -41,6 +43,7 @@ impl Dialect for Sqlite {
 )"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {index} ON {t} (expires_at)"),
+                format!("CREATE INDEX IF NOT EXISTS {step_index} ON {t} (step, expires_at)"),
             ],
             fence: statement(format!(
                 "SELECT 1 FROM {r}
@@ -61,6 +64,16 @@ impl Dialect for Sqlite {
             purge: statement(format!(
                 "DELETE FROM {t} WHERE rowid IN (
     SELECT rowid FROM {t} WHERE expires_at <= {NOW_MS} LIMIT ?1)"
+            )),
+            orphans: statement(format!(
+                "SELECT j.scope, j.\"key\", j.fingerprint, j.output FROM {t} j
+    WHERE j.step = ?1 AND j.expires_at > {NOW_MS}
+    AND NOT EXISTS (SELECT 1 FROM {r} r
+        WHERE r.scope = j.scope AND r.\"key\" = j.\"key\" AND r.expires_at > {NOW_MS})
+    AND NOT EXISTS (SELECT 1 FROM {t} f
+        WHERE f.scope = j.scope AND f.\"key\" = j.\"key\" AND f.step = ?2
+        AND f.fingerprint = j.fingerprint AND f.expires_at > {NOW_MS})
+    LIMIT ?3"
             )),
             table,
         }

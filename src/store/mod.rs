@@ -210,6 +210,8 @@ mod sql_builder;
 pub(crate) mod sqlite;
 
 #[cfg(feature = "redis")]
+pub(crate) use self::redis::JournalSlot;
+#[cfg(feature = "redis")]
 pub use self::redis::{
     EvictingPolicy, InvalidPrefix, OnEvictingPolicy, RedisStore, RedisStoreBuilder,
     ReplicaWaitTimedOut,

@@ -15,10 +15,10 @@ use crate::record::{ClaimOutcome, Fingerprint, Record, StoreKey, Token};
 use crate::sql::{self, statement, TableName};
 
 const BACKEND: &str = "mysql";
-const NOW: &str = "UTC_TIMESTAMP(3)";
+pub(crate) const NOW: &str = "UTC_TIMESTAMP(3)";
 
 /// The width of the scope and key columns, in bytes.
-const MAX_KEY_BYTES: usize = 1020;
+pub(crate) const MAX_KEY_BYTES: usize = 1020;
 
 /// How often a claim retries: after a deadlock (InnoDB rolls the victim's statement back, so
 /// a retry is clean), or when the row it lost to vanished before it could be read.

@@ -37,6 +37,12 @@ impl<S: TransactionalStore> Transactional<S> {
     ///
     /// The closure gets the transaction's connection; box its future (`Box::pin(async move
     /// { .. })`), as with sqlx's `Connection::transaction`.
+    ///
+    /// There is no form with steps (recovery points): the claim is an uncommitted row of this
+    /// one transaction, so no journal entry could be fenced by it and outlive a crash. An
+    /// operation that also calls other systems uses
+    /// [`Engine::run_steps`](crate::Engine::run_steps) with the SQL journal of its database
+    /// instead (see the `steps` module).
     pub async fn run_once<F, E>(
         &self,
         key: StoreKey,

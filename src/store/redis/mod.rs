@@ -4,6 +4,7 @@
 mod codec;
 mod connection;
 mod eviction;
+mod journal;
 mod notify;
 mod prefix;
 mod replica_wait;
@@ -19,6 +20,7 @@ use redis::{
     RedisError,
 };
 
+pub(crate) use self::journal::JournalSlot;
 use self::{
     codec::{claim_value, completed_fence, decode, fence, millis},
     connection::{Cluster, Connection},
