@@ -45,6 +45,9 @@ pub(crate) struct Renewal {
     renewals: Arc<Renewals>,
     due: Instant,
     id: u64,
+    /// Set by the first `stop`: a settled claim's renewal is dropped right after, and a
+    /// second look in the registry (its lock, a map search) found nothing to stop.
+    stopped: bool,
 }
 
 impl Renewal {
@@ -75,11 +78,14 @@ impl Renewal {
             renewals,
             due,
             id: registered.id,
+            stopped: false,
         }
     }
 
-    pub(crate) fn stop(&self) {
-        self.renewals.registry.stop(self.due, self.id);
+    pub(crate) fn stop(&mut self) {
+        if !std::mem::replace(&mut self.stopped, true) {
+            self.renewals.registry.stop(self.due, self.id);
+        }
     }
 }
 
