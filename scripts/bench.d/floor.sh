@@ -142,7 +142,9 @@ LUA
     echo "| $subject | ${IR[$subject.new-key]} | ${IR[$subject.replay]} | ${US["$subject, new key"]} | ${US["$subject, replay"]} | ${RPS[$subject]} | $(calc "${RPS[$subject]} / ${RPS[bare]}")x | $(calc "${RPS[$subject]} / ${RPS[floor]}")x | ${P99[$subject]} ms |"
   done
   echo
-  echo "Rounds (req/s, in the order run): $rounds_list."
+  echo "Rounds (req/s, in the order run): $rounds_list. A run's p99 here is mostly the"
+  echo "neighbours' load (the same subject's p99 moves by 2x from round to round): compare"
+  echo "p99s only between runs on a quiet machine. Reproduce: \`BENCH_ONLY=floor scripts/bench\`."
   echo
   local budget=scripts/bench.d/floor.budget.md
   [ -f "$budget" ] && cat "$budget"
