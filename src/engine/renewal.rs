@@ -45,6 +45,9 @@ pub(crate) struct Renewal {
     renewals: Arc<Renewals>,
     due: Instant,
     id: u64,
+    /// Set by the first `stop`: a settled claim's renewal is dropped right after, and a
+    /// second look in the registry (its lock, a map search) found nothing to stop.
+    stopped: bool,
 }
 
 impl Renewal {
@@ -75,11 +78,14 @@ impl Renewal {
             renewals,
             due,
             id: registered.id,
+            stopped: false,
         }
     }
 
-    pub(crate) fn stop(&self) {
-        self.renewals.registry.stop(self.due, self.id);
+    pub(crate) fn stop(&mut self) {
+        if !std::mem::replace(&mut self.stopped, true) {
+            self.renewals.registry.stop(self.due, self.id);
+        }
     }
 }
 
@@ -162,3 +168,41 @@ async fn renew(engine: Engine, key: StoreKey, token: Token, claimed_at: Instant,
 
 #[cfg(all(test, shuttle))]
 mod shuttle_tests;
+
+#[cfg(all(test, feature = "memory", not(shuttle)))]
+mod tests {
+    use bytes::Bytes;
+
+    use crate::{
+        engine::{Begin, Engine},
+        record::{Fingerprint, StoreKey},
+        store::MemoryStore,
+    };
+
+    /// A claim settled (completed or released) leaves nothing in the renewal registry, and its
+    /// drop after the settle finds nothing more to stop.
+    // mutant: `Renewal::stop` only sets `stopped` (never calls `registry.stop`) -> fails with
+    // "(waiting, renewing) once settled, left: (1, 0) right: (0, 0)".
+    #[tokio::test]
+    async fn a_settled_claim_leaves_no_renewal_behind() {
+        let engine = Engine::new(MemoryStore::new());
+        let filed = || engine.shared.renewals.registry.filed();
+        for (n, complete) in [(1, true), (2, false)] {
+            let key = StoreKey::new("s", format!("k{n}"));
+            let Begin::Run(claim) = engine
+                .begin(key, Fingerprint::of([b"{}".as_slice()]))
+                .await
+                .unwrap()
+            else {
+                panic!("a new key runs");
+            };
+            assert_eq!(filed(), (1, 0), "(waiting, renewing) while held");
+            if complete {
+                claim.complete(Bytes::from_static(b"done")).await.unwrap();
+            } else {
+                claim.release().await.unwrap();
+            }
+            assert_eq!(filed(), (0, 0), "(waiting, renewing) once settled");
+        }
+    }
+}

@@ -380,10 +380,16 @@ where
             }
             Err(error) => return Ok(render(&config, protocol, rejection_for(error))),
         };
-        handle(inner, claim, parts, body, config, arrived).await
+        handle(inner, claim, parts, body, config, protocol, arrived).await
+    };
+    // A disabled span (no subscriber records DEBUG: the usual production setting) would
+    // still be entered and left on every poll of the request's work: about 160 instructions
+    // a request (callgrind, benches/floor.rs).
+    if span.is_disabled() {
+        Box::pin(work)
+    } else {
+        Box::pin(work.instrument(span))
     }
-    .instrument(span);
-    Box::pin(work)
 }
 
 /// A gRPC call's deadline (its `grpc-timeout` from when it arrived), which bounds its wait for
@@ -411,6 +417,7 @@ fn handle<S, ReqBody, ResBody>(
     parts: http::request::Parts,
     body: Bytes,
     config: Arc<Config>,
+    protocol: Protocol,
     arrived: Instant,
 ) -> BoxFuture<Result<Response<ResponseBody>, S::Error>>
 where
@@ -426,7 +433,7 @@ where
     request
         .extensions_mut()
         .insert(crate::steps::KeyOwner::of(&claim));
-    Box::pin(execute(inner, claim, request, config, arrived))
+    Box::pin(execute(inner, claim, request, config, protocol, arrived))
 }
 
 /// `wait` bounded by `deadline`: `None` when the deadline came first.
@@ -475,7 +482,8 @@ fn give_up(claim: Claim) -> BoxFuture<()> {
     })
 }
 
-/// Runs the inner service as the key's owner and records the outcome.
+/// Runs the inner service as the key's owner and records the outcome. `protocol`: the
+/// request's, as `protect` read it (read again here, it cost a header lookup a request).
 ///
 /// The service is called before the returned future starts, so that future carries the
 /// handler's future and the claim, not the request and the service as well.
@@ -484,6 +492,7 @@ fn execute<S, ReqBody, ResBody>(
     claim: Claim,
     request: Request<ReqBody>,
     config: std::sync::Arc<Config>,
+    protocol: Protocol,
     arrived: Instant,
 ) -> impl Future<Output = Result<Response<ResponseBody>, S::Error>>
 where
@@ -491,7 +500,6 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let protocol = Protocol::of(request.headers());
     let handler = AssertUnwindSafe(inner.call(request)).catch_unwind();
     async move {
         let (release, answer) = settle(handler.await, claim, config, protocol, arrived);

@@ -133,7 +133,7 @@ impl<C, T: Task> Registry<C, T> {
 
     /// How many claims wait for their first renewal and how many have a renewing task (the
     /// tests' check that nothing is left behind).
-    #[cfg(all(test, shuttle))]
+    #[cfg(all(test, any(shuttle, feature = "memory")))]
     pub(crate) fn filed(&self) -> (usize, usize) {
         let state = self.lock();
         (state.waiting.len(), state.renewing.len())
