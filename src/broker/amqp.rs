@@ -208,15 +208,7 @@ fn failed(action: &'static str, error: lapin::Error) -> BrokerError {
             AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED | AMQPSoftError::PRECONDITIONFAILED)
         )
     );
-    if permanent {
-        BrokerError::Misconfigured {
-            broker: BROKER,
-            action,
-            source: error.into(),
-        }
-    } else {
-        BrokerError::broker(BROKER, action, error)
-    }
+    BrokerError::failed(BROKER, action, permanent, error)
 }
 
 /// Closes a connection that failed or is given up, without waiting for it: a dead peer would

@@ -394,6 +394,26 @@ impl BrokerError {
         )
     }
 
+    /// A failed call: [`Misconfigured`](Self::Misconfigured) when the broker refused the
+    /// request itself (`refused`), else a transient [`Broker`](Self::Broker) error.
+    #[allow(dead_code)] // used by the broker modules, each behind its feature
+    pub(crate) fn failed(
+        broker: &'static str,
+        action: &'static str,
+        refused: bool,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        if refused {
+            BrokerError::Misconfigured {
+                broker,
+                action,
+                source: source.into(),
+            }
+        } else {
+            BrokerError::broker(broker, action, source)
+        }
+    }
+
     #[allow(dead_code)] // used by the broker modules, each behind its feature
     pub(crate) fn broker(
         broker: &'static str,

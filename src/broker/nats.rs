@@ -94,7 +94,7 @@ impl NatsTopology {
                 | CreateStreamErrorKind::DomainAndExternalSet => true,
                 _ => false,
             };
-            declare_failed("declare the stream", refused, e)
+            BrokerError::failed(BROKER, "declare the stream", refused, e)
         })
     }
 
@@ -122,7 +122,7 @@ impl NatsTopology {
                     ConsumerErrorKind::InvalidName | ConsumerErrorKind::InvalidConsumerType => true,
                     _ => false,
                 };
-                declare_failed("declare the consumer", refused, e)
+                BrokerError::failed(BROKER, "declare the consumer", refused, e)
             })
     }
 }
@@ -133,24 +133,6 @@ impl NatsTopology {
 /// starting or without a leader) or the object having gone missing meanwhile (404).
 fn refuses(answer: &jetstream::Error) -> bool {
     (400..500).contains(&answer.code()) && answer.code() != 404
-}
-
-/// A failed declaration: [`BrokerError::Misconfigured`] when the server refused it, so a
-/// subscriber stops instead of declaring the same refused objects forever.
-fn declare_failed(
-    action: &'static str,
-    refused: bool,
-    error: impl std::error::Error + Send + Sync + 'static,
-) -> BrokerError {
-    if refused {
-        BrokerError::Misconfigured {
-            broker: BROKER,
-            action,
-            source: error.into(),
-        }
-    } else {
-        BrokerError::broker(BROKER, action, error)
-    }
 }
 
 /// Opens a JetStream context on a new connection.

@@ -179,18 +179,10 @@ fn classify<E>(action: &'static str, error: E) -> BrokerError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
-    if error
+    let permanent = error
         .code()
-        .is_some_and(|code| PERMANENT_CODES.contains(&code))
-    {
-        BrokerError::Misconfigured {
-            broker: BROKER,
-            action,
-            source: error.into(),
-        }
-    } else {
-        BrokerError::broker(BROKER, action, error)
-    }
+        .is_some_and(|code| PERMANENT_CODES.contains(&code));
+    BrokerError::failed(BROKER, action, permanent, error)
 }
 
 /// Runs an SDK call under the time limit `limit`, its error [classified](classify).
