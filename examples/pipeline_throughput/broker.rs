@@ -104,7 +104,12 @@ impl Topology {
             }
             Topology::Sqs(client, topology) => {
                 let queues = topology.declare(client).await?;
-                Box::new(SqsPublisher::new(client.clone(), queues.queue_url))
+                // A local SQS on a loaded machine can take longer than the default 10 s for
+                // a relay batch (ten SendMessageBatch calls); a timeout would end the run.
+                Box::new(
+                    SqsPublisher::new(client.clone(), queues.queue_url)
+                        .timeout(Duration::from_secs(60)),
+                )
             }
         })
     }

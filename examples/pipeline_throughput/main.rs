@@ -14,7 +14,10 @@
 //! - relay throughput: `BENCH_PIPELINE_EVENTS` outbox rows (default 20000) committed
 //!   `BENCH_PIPELINE_BATCH` per transaction (default 100) by 4 producers while a relay
 //!   publishes them; events/s from the first commit to the last row marked sent;
-//! - consumer throughput: `BENCH_PIPELINE_MESSAGES` messages (default 5000) per run, with the
+//!   (SQS: `BENCH_PIPELINE_SQS_EVENTS`, default 2000: a local SQS such as moto answers in
+//!   milliseconds per call, and the run would take minutes);
+//! - consumer throughput: `BENCH_PIPELINE_MESSAGES` messages (default 5000; SQS:
+//!   `BENCH_PIPELINE_SQS_MESSAGES`, default 1000) per run, with the
 //!   inbox and without, `BENCH_PIPELINE_ROUNDS` rounds of both (default 2, alternating),
 //!   prefetch and concurrency `BENCH_PIPELINE_PREFETCH` (default 8).
 //!
@@ -50,9 +53,15 @@ async fn main() -> ExitCode {
 
 async fn run() -> Result<(), BoxError> {
     let url = var("DATABASE_URL").ok_or("set DATABASE_URL to a postgres:// URL")?;
-    let events: usize = number("BENCH_PIPELINE_EVENTS", 20_000)?;
+    let all_events: usize = number("BENCH_PIPELINE_EVENTS", 20_000)?;
+    let sqs_events: usize = number("BENCH_PIPELINE_SQS_EVENTS", 2_000)?;
     let batch: usize = number("BENCH_PIPELINE_BATCH", 100)?;
-    let messages: usize = number("BENCH_PIPELINE_MESSAGES", 5_000)?;
+    let all_messages: usize = number("BENCH_PIPELINE_MESSAGES", 5_000)?;
+    let sqs_messages: usize = number("BENCH_PIPELINE_SQS_MESSAGES", 1_000)?;
+    let sized = |broker: &Broker, sqs: usize, others: usize| match broker {
+        Broker::Sqs(_) => sqs,
+        _ => others,
+    };
     let rounds: usize = number("BENCH_PIPELINE_ROUNDS", 2)?;
     let prefetch: u16 = number("BENCH_PIPELINE_PREFETCH", 8)?;
     let sqs = match var("SQS_URL") {
@@ -80,6 +89,7 @@ async fn run() -> Result<(), BoxError> {
 
     for broker in &brokers {
         let label = broker.label();
+        let events = sized(broker, sqs_events, all_events);
         let relayed = relay::measure(&pool, broker, &run, events, batch).await?;
         println!(
             "relay broker={label} events={events} batch={batch} produced_s={:.3} relayed_s={:.3} rate={:.0}",
@@ -90,6 +100,7 @@ async fn run() -> Result<(), BoxError> {
     }
     for broker in &brokers {
         let label = broker.label();
+        let messages = sized(broker, sqs_messages, all_messages);
         let setup = Setup {
             pool: &pool,
             broker,

@@ -4,8 +4,9 @@
 # (tansu) and SQS (moto), in one run.
 # Sourced by scripts/bench (its helpers: say, calc, goal, $WORK, $PG_URL, $BIN).
 #
-# Environment (optional): BENCH_PIPELINE_EVENTS (relay rows, default 20000),
-# BENCH_PIPELINE_MESSAGES (messages per consumer run, default 5000), BENCH_PIPELINE_ROUNDS
+# Environment (optional): BENCH_PIPELINE_EVENTS (relay rows, default 20000; SQS:
+# BENCH_PIPELINE_SQS_EVENTS, default 2000), BENCH_PIPELINE_MESSAGES (messages per consumer run,
+# default 5000; SQS: BENCH_PIPELINE_SQS_MESSAGES, default 1000), BENCH_PIPELINE_ROUNDS
 # (alternating rounds of both consumer arms, default 2), BENCH_PIPELINE_PREFETCH (default 8).
 
 # inbox_ceiling ROUNDS CLIENTS: PostgreSQL alone (pgbench, prepared statements like sqlx, no
@@ -41,7 +42,7 @@ inbox_ceiling() {
 
 # pipeline_field LINE_PREFIX BROKER KEY: a value from the program's output.
 pipeline_field() {
-  grep "^$1 broker=$2 " "$WORK/pipeline.out" | tr ' ' '\n' | sed -n "s/^$3=//p"
+  grep -m1 "^$1 broker=$2 " "$WORK/pipeline.out" | tr ' ' '\n' | sed -n "s/^$3=//p"
 }
 
 bench_pipeline() {
@@ -55,10 +56,8 @@ bench_pipeline() {
     "$BIN/pipeline_throughput" >"$WORK/pipeline.out"
   sed 's/^/    /' "$WORK/pipeline.out" >&2
 
-  local events batch messages rounds prefetch
-  events=$(grep -m1 '^relay ' "$WORK/pipeline.out" | tr ' ' '\n' | sed -n 's/^events=//p')
+  local batch rounds prefetch
   batch=$(grep -m1 '^relay ' "$WORK/pipeline.out" | tr ' ' '\n' | sed -n 's/^batch=//p')
-  messages=$(grep -m1 '^consume ' "$WORK/pipeline.out" | tr ' ' '\n' | sed -n 's/^messages=//p')
   rounds=$(grep -c '^consume broker=amqp arm=inbox ' "$WORK/pipeline.out")
   prefetch=$(grep -m1 '^consumer ' "$WORK/pipeline.out" | tr ' ' '\n' | sed -n 's/^prefetch=//p')
   say "message pipeline: PostgreSQL alone, the handler's transaction with and without the inbox row"
@@ -66,33 +65,33 @@ bench_pipeline() {
 
   echo "## Message pipeline (outbox relay, inbox consumer)"
   echo
-  echo "Relay: $events outbox rows committed $batch per transaction by 4 producers while one relay"
+  echo "Relay: outbox rows committed $batch per transaction by 4 producers while one relay"
   echo "(woken by LISTEN/NOTIFY) publishes them with publisher confirms / JetStream publish acks /"
   echo "Kafka delivery reports (idempotent producer, acks=all) / SendMessageBatch answers, and marks"
   echo "them sent; events/s from the first commit to the last row marked sent. Kafka is tansu, SQS"
   echo "is moto (a Python server): their figures measure those local servers as much as the library."
   echo
-  echo "| broker | producers done | last row sent | relay events/s |"
-  echo "|---|---:|---:|---:|"
+  echo "| broker | rows | producers done | last row sent | relay events/s |"
+  echo "|---|---:|---:|---:|---:|"
   local broker
   for broker in amqp nats kafka sqs; do
-    echo "| $broker | $(pipeline_field relay $broker produced_s) s | $(pipeline_field relay $broker relayed_s) s | $(pipeline_field relay $broker rate) |"
+    echo "| $broker | $(pipeline_field relay $broker events) | $(pipeline_field relay $broker produced_s) s | $(pipeline_field relay $broker relayed_s) s | $(pipeline_field relay $broker rate) |"
   done
   echo
-  echo "Consumer: $messages pre-published messages per run, handler = one INSERT in a PostgreSQL"
+  echo "Consumer: pre-published messages per run, handler = one INSERT in a PostgreSQL"
   echo "transaction, then commit and ack; prefetch and concurrency $prefetch; $rounds alternating"
   echo "rounds of each arm, each on a fresh queue / stream / topic, timed from the first delivery"
   echo "(a Kafka member joins its group first). *inbox* adds the dedup claim"
   echo "(\`inbox::Consumer::process\`) in the same transaction. Goal: inbox >= 0.8x without."
   echo
-  echo "| broker | without inbox, msg/s | with inbox, msg/s | ratio | goal >= 0.80 |"
-  echo "|---|---:|---:|---:|---|"
+  echo "| broker | messages per run | without inbox, msg/s | with inbox, msg/s | ratio | goal >= 0.80 |"
+  echo "|---|---:|---:|---:|---:|---|"
   local ratio
   for broker in amqp nats kafka sqs; do
     ratio=$(pipeline_field consumer $broker ratio)
-    echo "| $broker | $(pipeline_field consumer $broker plain_rate) | $(pipeline_field consumer $broker inbox_rate) | ${ratio}x | $(goal "$ratio" 0.8) |"
+    echo "| $broker | $(pipeline_field consume $broker messages) | $(pipeline_field consumer $broker plain_rate) | $(pipeline_field consumer $broker inbox_rate) | ${ratio}x | $(goal "$ratio" 0.8) |"
   done
-  echo "| PostgreSQL alone (pgbench, $prefetch clients, no broker, no Rust) | $(calc "$CEILING_PLAIN / $rounds" %.0f) tx/s | $(calc "$CEILING_INBOX / $rounds" %.0f) tx/s | $(calc "$CEILING_INBOX / $CEILING_PLAIN")x | the least any inbox costs here |"
+  echo "| PostgreSQL alone (pgbench, $prefetch clients, no broker, no Rust) | | $(calc "$CEILING_PLAIN / $rounds" %.0f) tx/s | $(calc "$CEILING_INBOX / $rounds" %.0f) tx/s | $(calc "$CEILING_INBOX / $CEILING_PLAIN")x | the least any inbox costs here |"
   echo
   echo "The last row is the same two transactions with nothing around them: \`BEGIN\`, the"
   echo "handler's INSERT, \`COMMIT\`, and the same with the inbox's row first (its table and"
