@@ -481,29 +481,37 @@ enum Decision {
     DeadLetter(String),
 }
 
+/// The first sqlx error among `error` and its sources: what the database said, however the
+/// handler wrapped it.
+fn sqlx_cause<'e>(error: &'e (dyn std::error::Error + 'static)) -> Option<&'e sqlx::Error> {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
+            return Some(error);
+        }
+        source = error.source();
+    }
+    None
+}
+
 /// Whether `error` (a handler's) says that the database could not be reached rather than
 /// that the handler's work failed: a sqlx connection, pool or I/O error anywhere in its
 /// sources, or a server that is going away (SQLSTATE class 08, `57P0x`).
 fn unreachable_database(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(error);
-    while let Some(error) = source {
-        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
-            return match error {
-                sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::Protocol(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed => true,
-                sqlx::Error::Database(error) => error
-                    .code()
-                    .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
-                _ => false,
-            };
-        }
-        source = error.source();
+    match sqlx_cause(error) {
+        Some(
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed,
+        ) => true,
+        Some(sqlx::Error::Database(error)) => error
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57P0")),
+        _ => false,
     }
-    false
 }
 
 /// Whether `error` (a handler's, or the claim's or the commit's) says that the database
@@ -512,16 +520,11 @@ fn unreachable_database(error: &(dyn std::error::Error + 'static)) -> bool {
 /// certification failure or a brute-force abort) or `40P01` (a PostgreSQL deadlock), anywhere
 /// in its sources.
 fn rolled_back_by_database(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = Some(error);
-    while let Some(error) = source {
-        if let Some(sqlx::Error::Database(error)) = error.downcast_ref::<sqlx::Error>() {
-            return error
-                .code()
-                .is_some_and(|code| code == "40001" || code == "40P01");
-        }
-        source = error.source();
-    }
-    false
+    matches!(
+        sqlx_cause(error),
+        Some(sqlx::Error::Database(error))
+            if error.code().is_some_and(|code| code == "40001" || code == "40P01")
+    )
 }
 
 /// Runs `work` while keeping the broker's lease on `delivery` (NATS `+WPI`, SQS visibility),
